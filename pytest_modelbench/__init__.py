@@ -1,0 +1,5 @@
+"""pytest-modelbench: LLM benchmarks as pytest items."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
