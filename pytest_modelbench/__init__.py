@@ -2,4 +2,7 @@
 
 from __future__ import annotations
 
+from pytest_modelbench.result import EvalResult
+
 __version__ = "0.1.0"
+__all__ = ["EvalResult", "__version__"]

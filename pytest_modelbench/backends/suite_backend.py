@@ -1,0 +1,123 @@
+"""Backend for :class:`~pytest_modelbench.tasks.Suite` objects (built-in suites, ``jsonl``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_modelbench.backends.base import ItemContext
+from pytest_modelbench.client import OpenAIClient, RetryPolicy
+from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.plan import PlannedItem
+from pytest_modelbench.runner import LoopSettings, run_loop, work_units
+from pytest_modelbench.summary import summarise_rows
+from pytest_modelbench.tasks import Example, Suite, SuiteArgumentError, aggregate_extra
+
+SCORER_VERSION = 1
+
+
+class SuiteBackend:
+    """Evaluates a suite's examples through the async runner against the item's endpoint."""
+
+    def __init__(self, suite: Suite) -> None:
+        self.suite = suite
+        self.name = suite.name
+
+    def examples(self, item: PlannedItem) -> Sequence[Example]:
+        try:
+            examples = self.suite.examples(item.variant.env_args, item.seed)
+        except SuiteArgumentError as exc:
+            raise ModelbenchUsageError(
+                f"{item.variant.source.name}: variant {item.variant.id!r}: {exc}"
+            ) from None
+        if item.num_examples >= 0:
+            examples = examples[: item.num_examples]
+        return examples
+
+    def primary_metric(self, item: PlannedItem) -> str:
+        metric = item.variant.metric or self.suite.primary_metric
+        known = set(self.suite.metrics) | {"pass@1"}
+        if metric not in known and not metric.startswith("pass@"):
+            from pytest_modelbench.errors import did_you_mean
+
+            raise ModelbenchUsageError(
+                f"{item.variant.source.name}: variant {item.variant.id!r}: unknown metric {metric!r}"
+                f"{did_you_mean(metric, known)}; {self.suite.name} reports: {', '.join(sorted(known))}"
+            )
+        return metric
+
+    def fingerprint_parts(self, item: PlannedItem) -> dict[str, Any]:
+        examples = self.examples(item)  # loads data, so the checksum is known
+        return {
+            "data": self.suite.data_checksum(),
+            "scorer": f"{self.suite.name}/{getattr(self.suite, 'version', SCORER_VERSION)}",
+            "example_ids": len(examples),
+        }
+
+    def count_examples(self, item: PlannedItem) -> int:
+        return len(self.examples(item))
+
+    def tokens_per_example(self) -> int:
+        return int(self.suite.tokens_per_example)
+
+    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+        item = ctx.item
+        examples = self.examples(item)
+        rollouts = item.variant.rollouts_per_example
+        journal = ctx.store.journal
+        previous = journal.read()
+        done = {key for key, row in previous.items() if not row.get("error")}
+        total = len(examples) * rollouts
+        ctx.progress.start(item.item_id, total, len(done))
+        settings = LoopSettings(
+            api=ctx.endpoint.api,
+            model=ctx.endpoint.served_model,
+            sampling_args=item.sampling_args(),
+            seed=item.seed,
+            max_concurrent=item.model.max_concurrent,
+        )
+
+        async def main() -> Any:
+            async with OpenAIClient(
+                ctx.endpoint.base_urls,
+                api_key=ctx.endpoint.api_key,
+                timeout_s=item.model.timeout,
+                max_connections=item.model.max_concurrent,
+                retry=RetryPolicy(max_retries=item.model.max_retries, backoff_s=ctx.endpoint.backoff_s),
+            ) as client:
+                await ctx.endpoint.ensure_ready(client)
+                return await run_loop(
+                    self.suite, work_units(examples, rollouts, done), client, journal, settings, ctx.progress
+                )
+
+        journal.open()
+        try:
+            loop_stats = asyncio.run(main()) if total > len(done) else None
+        finally:
+            journal.close()
+            ctx.progress.finish()
+        wanted = {(ex.id, r) for ex in examples for r in range(rollouts)}
+        rows = [row for key, row in journal.read().items() if key in wanted]
+        summary = summarise_rows(rows, self.suite.metrics, total)
+        by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
+        for row in rows:
+            if not row.get("error"):
+                by_example[str(row["example_id"])].append(row.get("metrics") or {})
+        for name, value in aggregate_extra(self.suite, by_example).items():
+            summary["metrics"].setdefault(name, {"value": value, "n": len(by_example)})
+        if loop_stats is not None:
+            summary["session"] = {
+                "requested": loop_stats.requested,
+                "retries": loop_stats.retries,
+                "retry_reasons": loop_stats.retry_reasons,
+                "wall_s": round(loop_stats.wall_s, 3),
+            }
+        summary["resumed_examples"] = len(done & wanted)
+        return summary
+
+
+
+__all__ = ["SuiteBackend"]

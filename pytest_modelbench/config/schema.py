@@ -1,0 +1,123 @@
+"""Schemas of the configuration files (validated with pydantic, unknown keys rejected)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+JSONDict = dict[str, Any]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ServeSpec(_Strict):
+    """How modelbench serves a model itself (when ``api_base_url`` is absent)."""
+
+    engine: Literal["vllm"] = "vllm"
+    gpus: int = Field(default=1, ge=0, description="tensor-parallel size of one server")
+    args: JSONDict = Field(default_factory=dict)
+    startup_timeout: float = Field(default=900.0, gt=0)
+
+
+class ModelSpec(_Strict):
+    """One entry of ``models.yaml``."""
+
+    model: str | None = None
+    api_base_url: str | list[str] | None = None
+    api_key_var: str | None = None
+    api: Literal["chat", "completions"] = "chat"
+    max_concurrent: int = Field(default=32, ge=1)
+    timeout: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=6, ge=0)
+    retry_backoff: float = Field(default=0.5, ge=0, description="first retry delay in seconds")
+    sampling_args: JSONDict = Field(default_factory=dict)
+    serve: ServeSpec | None = None
+    checkpoints: str | None = None
+
+    @field_validator("api_key_var")
+    @classmethod
+    def _looks_like_var_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.replace("_", "").isalnum() or value[0].isdigit()):
+            raise ValueError(
+                f"api_key_var must be the NAME of an environment variable (e.g. OPENAI_API_KEY), "
+                f"not the key itself; got {value[:4]}..."
+            )
+        return value
+
+
+class ModelsFile(_Strict):
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+
+
+class EnvVariantSpec(_Strict):
+    """One variant in ``envs/<name>.yaml`` before matrix expansion."""
+
+    id: str
+    module: str
+    num_examples: int = Field(default=-1, ge=-1)
+    rollouts_per_example: int = Field(default=1, ge=1)
+    env_args: JSONDict = Field(default_factory=dict)
+    sampling_args: JSONDict = Field(default_factory=dict)
+    matrix: dict[str, list[Any]] | None = None
+    matrix_id_format: str | None = None
+    seeds: list[int] | None = None
+    metric: str | None = None
+    cost: float | None = Field(default=None, ge=0, description="relative cost hint")
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_simple(cls, value: str) -> str:
+        if not value or any(ch.isspace() for ch in value) or "/" in value or "[" in value:
+            raise ValueError(f"id must be non-empty, with no spaces, '/' or '['; got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _matrix_pairs(self) -> EnvVariantSpec:
+        if self.matrix_id_format is not None and not self.matrix:
+            raise ValueError("matrix_id_format is set but matrix is missing")
+        return self
+
+
+class BaselineEntrySpec(_Strict):
+    """One environment's baseline in ``baselines/<model>.yaml``."""
+
+    metric: str | None = None
+    value: float | None = None
+    min: float | None = None
+    margin: float = Field(default=0.0, ge=0)
+    n: int | None = Field(default=None, ge=1)
+    stderr: float | None = Field(default=None, ge=0)
+    run: str | None = None
+    source: str | None = None
+    alpha: float | None = Field(default=None, gt=0, lt=1)
+    # written by --update-baselines, informational
+    run_id: str | None = None
+    date: str | None = None
+    revision: str | None = None
+
+    @model_validator(mode="after")
+    def _has_a_rule(self) -> BaselineEntrySpec:
+        if self.value is None and self.min is None and self.run is None:
+            raise ValueError("needs one of 'value' (with optional 'margin'), 'min' or 'run'")
+        return self
+
+
+BaselineFile = dict[str, BaselineEntrySpec]
+"""``baselines/<model>.yaml``: environment/variant id → entry (top-level mapping)."""
+
+
+class JobSpec(_Strict):
+    model: str
+    env: list[str]
+
+
+class JobFile(_Strict):
+    """``job-<name>.yaml``: exactly which model × env pairs to run."""
+
+    name: str
+    output_dir: str | None = None
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    jobs: list[JobSpec]

@@ -1,0 +1,96 @@
+"""Where an item's requests go: an external endpoint, or a server modelbench starts.
+
+:class:`EndpointManager` lives on each worker process. External endpoints
+(``api_base_url``) are checked once with a pre-flight ``/models`` request;
+models without one are served by an engine (``serving/``) on the worker's
+GPU(s), reused across items of the same model and stopped on model switch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_modelbench.client import EndpointUnavailable, OpenAIClient
+from pytest_modelbench.errors import EvaluationError
+
+if TYPE_CHECKING:
+    from pytest_modelbench.plan import PlannedItem
+
+_PREFLIGHT_OK: set[tuple[tuple[str, ...], str]] = set()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible place to send one model's requests. The key is never written anywhere."""
+
+    base_urls: tuple[str, ...]
+    served_model: str
+    api: str
+    api_key: str | None = field(default=None, repr=False)
+    backoff_s: float = 0.5
+    preflight_timeout_s: float = 15.0
+
+    async def ensure_ready(self, client: OpenAIClient) -> None:
+        """Pre-flight once per process: fail fast with the URL when unreachable or missing the model."""
+        key = (self.base_urls, self.served_model)
+        if key in _PREFLIGHT_OK:
+            return
+        try:
+            await client.preflight(self.served_model, timeout_s=self.preflight_timeout_s)
+        except EndpointUnavailable as exc:
+            raise EvaluationError(str(exc)) from None
+        _PREFLIGHT_OK.add(key)
+
+
+def _api_key(var: str | None, model_name: str) -> str | None:
+    if var is None:
+        return os.environ.get("OPENAI_API_KEY") or None
+    value = os.environ.get(var)
+    if not value:
+        raise EvaluationError(
+            f"models.{model_name}.api_key_var: environment variable {var} is not set; "
+            f"export {var}=... before running (the key itself is never stored in config files)"
+        )
+    return value
+
+
+class EndpointManager:
+    """Gives each item its endpoint; owns the servers this worker started."""
+
+    def __init__(self, run_dir: Path, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
+        self.run_dir = run_dir
+        self.preflight_timeout_s = preflight_timeout_s
+        self.serving = serving  # a serving.ServerPool when the worker may start servers
+
+    def endpoint_for(self, item: PlannedItem) -> Endpoint:
+        spec = item.model
+        if spec.api_base_url:
+            urls = (spec.api_base_url,) if isinstance(spec.api_base_url, str) else tuple(spec.api_base_url)
+            return Endpoint(
+                base_urls=tuple(u.rstrip("/") for u in urls),
+                served_model=spec.model or item.model_name,
+                api=spec.api,
+                api_key=_api_key(spec.api_key_var, item.model_name),
+                backoff_s=spec.retry_backoff,
+                preflight_timeout_s=self.preflight_timeout_s,
+            )
+        if self.serving is None:
+            raise EvaluationError(
+                f"model {item.model_name!r} has no api_base_url and this process cannot start servers; "
+                "set api_base_url in models.yaml or pass --api-base-url URL"
+            )
+        base_url, served = self.serving.ensure(item)
+        return Endpoint(
+            base_urls=(base_url,),
+            served_model=served,
+            api=spec.api,
+            backoff_s=spec.retry_backoff,
+            preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
+        )
+
+    def close(self) -> None:
+        if self.serving is not None:
+            self.serving.close()

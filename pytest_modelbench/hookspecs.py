@@ -1,0 +1,24 @@
+"""Extension points of pytest-modelbench (``pytest_modelbench_*`` hooks).
+
+Defaults are implemented as ``trylast`` hooks in the plugin, so a user's
+conftest or another plugin can take over, as pytest-xdist does for
+``pytest_xdist_make_scheduler``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_modelbench.backends.base import Backend
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Backend | None:
+    """Return the backend that evaluates variants whose ``module`` is ``module``, or None."""
+
+
+def pytest_modelbench_item_finished(config: pytest.Config, item_id: str, summary: dict[str, Any]) -> None:
+    """Called on the process that evaluated an item, after its summary is written."""

@@ -1,0 +1,193 @@
+"""Command-line/ini options and their parsed, validated form (:class:`RunOptions`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.errors import ModelbenchUsageError
+
+# (flag, dest, help, kind) — kind: "str" | "int" | "float" | "flag"
+_OPTIONS: list[tuple[str, str, str, str]] = [
+    ("--model", "model", "models to run: NAME[,NAME], 'all', an HF id/path, or 'smoke'", "str"),
+    ("--api-base-url", "api_base_url", "OpenAI-compatible endpoint for the selected models", "str"),
+    ("--env", "env", "restrict to these environments or variant ids (comma list)", "str"),
+    ("--seeds", "seeds", "override seeds, e.g. 0,1,2", "str"),
+    ("--num-examples", "num_examples", "cap examples per variant (quick runs)", "int"),
+    ("--mb-config", "mb_config", "run exactly the jobs of this job file (configs/job-*.yaml)", "str"),
+    ("--run-dir", "run_dir", "parent directory of run directories (default: runs)", "str"),
+    ("--run-id", "run_id", "run directory name (default: <run name>-<timestamp>)", "str"),
+    ("--run-name", "run_name", "run name recorded in the manifest (default: the job name or 'run')", "str"),
+    ("--force", "force", "recompute selected items even if finished results exist", "flag"),
+    ("--no-auto-resume", "no_auto_resume", "start a new run directory instead of continuing the latest", "flag"),
+    ("--restart", "restart", "seed a new run from finished items of RUN_ID", "str"),
+    ("--env-args", "env_args", "JSON object merged into every variant's env_args", "str"),
+    ("--sampling-args", "sampling_args", "JSON object merged into every item's sampling args", "str"),
+    ("--max-concurrent", "max_concurrent", "requests in flight per item", "int"),
+    ("--mb-timeout", "request_timeout", "per-request timeout in seconds (alias: --timeout)", "float"),
+    ("--update-baselines", "update_baselines", "write this run's scores as baselines", "flag"),
+    ("--baseline-run", "baseline_run", "paired comparison against this run's per-example results", "str"),
+    ("--require-baseline", "require_baseline", "items without a baseline fail", "flag"),
+    ("--gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)", "str"),
+    ("--mb-error-budget", "error_budget", "fraction of examples allowed to error (default 0.05)", "float"),
+    ("--mb-correction", "correction", "multiple-comparison correction across gated items: none|holm", "str"),
+]
+
+INI_CONFIG_DIR = "modelbench_configs"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register options in a 'modelbench' group, each also settable as ``modelbench_<dest>`` ini."""
+    group = parser.getgroup("modelbench", "LLM benchmarks as tests")
+    for flag, dest, help_text, kind in _OPTIONS:
+        kwargs: dict[str, Any] = {"dest": f"mb_{dest}", "help": help_text}
+        if kind == "flag":
+            kwargs.update(action="store_true", default=None)
+        else:
+            kwargs.update(action="store", default=None, metavar=dest.upper())
+        names = [flag]
+        group.addoption(*names, **kwargs)
+        ini_type = "bool" if kind == "flag" else "string"
+        parser.addini(f"modelbench_{dest}", f"default for {flag}", type=ini_type, default=None)
+    try:  # --timeout is taken when pytest-timeout is installed; --mb-timeout always works
+        group.addoption("--timeout", dest="mb_request_timeout_alias", default=None, metavar="SEC",
+                        help="per-request timeout in seconds (same as --mb-timeout)")
+    except ValueError:
+        pass
+    parser.addini(INI_CONFIG_DIR, "configuration directory (default: configs)", default="configs")
+
+
+def _raw(config: pytest.Config, dest: str) -> Any:
+    value = config.getoption(f"mb_{dest}", default=None)
+    if dest == "request_timeout" and value is None:
+        value = config.getoption("mb_request_timeout_alias", default=None)
+    if value is None:
+        value = config.getini(f"modelbench_{dest}")
+        if value in ("", []):
+            value = None
+    return value
+
+
+def _flag_name(dest: str) -> str:
+    return next(flag for flag, d, _, _ in _OPTIONS if d == dest)
+
+
+def _as_number(dest: str, value: Any, kind: type[int] | type[float], minimum: float) -> Any:
+    if value is None:
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: expected {'an integer' if kind is int else 'a number'}, got {value!r}"
+        ) from None
+    if number < minimum:
+        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be >= {minimum}, got {value!r}")
+    return number
+
+
+def _as_json_object(dest: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: invalid JSON {value!r}: {exc.msg} at column {exc.colno} "
+            f"(expected an object, e.g. '{{\"temperature\": 0.5}}'; quote keys with double quotes)"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: expected a JSON object like '{{\"key\": 1}}', got {value!r}"
+        )
+    return parsed
+
+
+def _as_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return tuple(part.strip() for part in str(value).split(",") if part.strip())
+
+
+def _as_seeds(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        seeds = tuple(int(part) for part in _as_list(value))
+    except ValueError:
+        raise ModelbenchUsageError(
+            f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}"
+        ) from None
+    if not seeds:
+        raise ModelbenchUsageError(f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}")
+    return seeds
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The user's modelbench options, parsed once in ``pytest_configure``."""
+
+    config_dir: Path
+    models: tuple[str, ...]
+    api_base_url: str | None
+    envs: tuple[str, ...]
+    seeds: tuple[int, ...] | None
+    num_examples: int | None
+    job_file: Path | None
+    run_dir: Path
+    run_id: str | None
+    run_name: str | None
+    force: bool
+    auto_resume: bool
+    restart: str | None
+    env_args: dict[str, Any]
+    sampling_args: dict[str, Any]
+    max_concurrent: int | None
+    request_timeout: float | None
+    update_baselines: bool
+    baseline_run: str | None
+    require_baseline: bool
+    gpus: str | None
+    error_budget: float
+    correction: str
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> RunOptions:
+        root = config.rootpath
+        config_dir = Path(str(config.getini(INI_CONFIG_DIR) or "configs"))
+        job = _raw(config, "mb_config")
+        correction = str(_raw(config, "correction") or "none")
+        if correction not in ("none", "holm"):
+            raise ModelbenchUsageError(f"--mb-correction: expected 'none' or 'holm', got {correction!r}")
+        budget = _as_number("error_budget", _raw(config, "error_budget"), float, 0.0)
+        if budget is not None and budget > 1:
+            raise ModelbenchUsageError(f"--mb-error-budget: expected a fraction in [0, 1], got {budget}")
+        return cls(
+            config_dir=config_dir if config_dir.is_absolute() else root / config_dir,
+            models=_as_list(_raw(config, "model")),
+            api_base_url=_raw(config, "api_base_url"),
+            envs=_as_list(_raw(config, "env")),
+            seeds=_as_seeds(_raw(config, "seeds")),
+            num_examples=_as_number("num_examples", _raw(config, "num_examples"), int, 1),
+            job_file=Path(job) if job else None,
+            run_dir=Path(str(_raw(config, "run_dir") or "runs")),
+            run_id=_raw(config, "run_id"),
+            run_name=_raw(config, "run_name"),
+            force=bool(_raw(config, "force")),
+            auto_resume=not bool(_raw(config, "no_auto_resume")),
+            restart=_raw(config, "restart"),
+            env_args=_as_json_object("env_args", _raw(config, "env_args")),
+            sampling_args=_as_json_object("sampling_args", _raw(config, "sampling_args")),
+            max_concurrent=_as_number("max_concurrent", _raw(config, "max_concurrent"), int, 1),
+            request_timeout=_as_number("request_timeout", _raw(config, "request_timeout"), float, 0.001),
+            update_baselines=bool(_raw(config, "update_baselines")),
+            baseline_run=_raw(config, "baseline_run"),
+            require_baseline=bool(_raw(config, "require_baseline")),
+            gpus=_raw(config, "gpus"),
+            error_budget=0.05 if budget is None else budget,
+            correction=correction,
+        )

@@ -1,0 +1,224 @@
+"""The plan: which model × variant × seed items this session runs, with resolved settings."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench.config import ConfigSet, ModelSpec, Variant, expand_variants, load_job_file
+from pytest_modelbench.config.loading import display_path
+from pytest_modelbench.config.schema import EnvVariantSpec, JobFile
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
+from pytest_modelbench.options import RunOptions
+
+SMOKE = "smoke"
+
+
+@dataclass(frozen=True)
+class PlannedItem:
+    """One pytest item: a model evaluated on one variant with one seed."""
+
+    item_id: str
+    model_name: str
+    model: ModelSpec
+    variant: Variant
+    seed: int
+    num_examples: int  # -1 = all
+
+    @property
+    def env(self) -> str:
+        return self.variant.env
+
+    def sampling_args(self) -> dict[str, Any]:
+        """Model sampling args, overridden by the variant's (CLI overrides are already merged)."""
+        return {**self.model.sampling_args, **self.variant.sampling_args}
+
+
+@dataclass(frozen=True)
+class Plan:
+    items: tuple[PlannedItem, ...]
+    run_name: str
+    run_parent: Path | None  # from a job file's output_dir
+
+    def by_id(self) -> dict[str, PlannedItem]:
+        return {item.item_id: item for item in self.items}
+
+
+def smoke_model_spec() -> ModelSpec:
+    """The built-in tiny model: served by modelbench with vLLM on CPU or GPU."""
+    return ModelSpec.model_validate(
+        {
+            "model": SMOKE,
+            "max_concurrent": 8,
+            "timeout": 300,
+            "sampling_args": {"temperature": 0.0, "max_tokens": 32},
+            "serve": {"engine": "vllm", "gpus": 1, "args": {"max_model_len": 1024, "seed": 42}},
+        }
+    )
+
+
+_STEP = re.compile(r"(\d+)(?!.*\d)")
+
+
+def expand_checkpoints(name: str, spec: ModelSpec) -> list[tuple[str, ModelSpec]]:
+    """``checkpoints: <glob>`` → one model per checkpoint in numeric step order (``<name>-step<N>``)."""
+    assert spec.checkpoints is not None
+    paths = sorted(glob.glob(os.path.expanduser(spec.checkpoints)))
+    if not paths:
+        raise ModelbenchUsageError(
+            f"models.{name}.checkpoints: the pattern {spec.checkpoints!r} matches nothing; "
+            "check the path (globs like /data/run7/checkpoints/step* are expanded by modelbench)"
+        )
+    stepped: list[tuple[int, str]] = []
+    for path in paths:
+        match = _STEP.search(Path(path).name)
+        stepped.append((int(match.group(1)) if match else -1, path))
+    stepped.sort()
+    out = []
+    for step, path in stepped:
+        label = f"{name}-step{step}" if step >= 0 else f"{name}-{Path(path).name}"
+        out.append((label, spec.model_copy(update={"model": path, "checkpoints": None})))
+    return out
+
+
+def _select_models(
+    wanted: Sequence[str], models: Mapping[str, ModelSpec], options: RunOptions, source: str
+) -> list[tuple[str, ModelSpec]]:
+    chosen: list[tuple[str, ModelSpec]] = []
+    names = list(models) if list(wanted) == ["all"] else list(wanted)
+    for name in names:
+        if name in models:
+            spec = models[name]
+        elif name == SMOKE:
+            spec = smoke_model_spec()
+        elif options.api_base_url or "/" in name or Path(name).exists():
+            spec = ModelSpec(model=name)
+        else:
+            raise ModelbenchUsageError(
+                f"--model: unknown model {name!r}{did_you_mean(name, [*models, SMOKE])}; "
+                f"{source} defines: {one_of(models)}. For a model not in that file give an HF id "
+                "(org/name), a local path, or --api-base-url URL"
+            )
+        if spec.checkpoints:
+            chosen.extend(expand_checkpoints(name, spec))
+        else:
+            chosen.append((name.rsplit("/", 1)[-1] if name not in models else name, spec))
+    return chosen
+
+
+def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
+    update: dict[str, Any] = {}
+    if options.api_base_url:
+        update["api_base_url"] = options.api_base_url
+        update["serve"] = None
+    if options.max_concurrent:
+        update["max_concurrent"] = options.max_concurrent
+    if options.request_timeout:
+        update["timeout"] = options.request_timeout
+    if options.sampling_args:
+        update["sampling_args"] = {**spec.sampling_args, **options.sampling_args}
+    return spec.model_copy(update=update) if update else spec
+
+
+def _variants_for(
+    config: ConfigSet,
+    selectors: Sequence[str],
+    options: RunOptions,
+    check_module: Callable[[str, str], None],
+) -> list[Variant]:
+    all_variants: dict[str, list[Variant]] = {}
+    for env, specs in config.envs.items():
+        shown = display_path(config.env_paths[env])
+        for spec in specs:
+            for variant in expand_variants(env, spec, config.env_paths[env], shown):
+                check_module(variant.module, f"{shown}: variant {spec.id!r}")
+                all_variants.setdefault(env, []).append(variant)
+    if not selectors:
+        return [v for variants in all_variants.values() for v in variants]
+    chosen: list[Variant] = []
+    by_id = {v.id: v for variants in all_variants.values() for v in variants}
+    for selector in selectors:
+        if selector in all_variants:
+            chosen.extend(all_variants[selector])
+        elif selector in by_id:
+            chosen.append(by_id[selector])
+        else:
+            # a built-in suite or backend module given directly: --env gsm8k, --env lm_eval:arc_easy
+            check_module(selector, f"--env {selector}")
+            spec = EnvVariantSpec(id=selector.replace(":", "-"), module=selector)
+            chosen.extend(expand_variants(selector, spec, config.root / "envs", "--env"))
+    seen: set[str] = set()
+    return [v for v in chosen if not (v.id in seen or seen.add(v.id))]  # type: ignore[func-returns-value]
+
+
+def build_plan(
+    config: ConfigSet, options: RunOptions, check_module: Callable[[str, str], None]
+) -> Plan:
+    """All items for this session's options, in a stable order.
+
+    ``check_module(module, where)`` raises a usage error for an unknown module.
+    """
+    job: JobFile | None = None
+    models: dict[str, ModelSpec] = dict(config.models)
+    source = display_path(config.models_path)
+    if options.job_file:
+        job = load_job_file(options.job_file)
+        models.update(job.models)
+        source = f"{display_path(options.job_file)} and {source}"
+    pairs: list[tuple[list[tuple[str, ModelSpec]], list[Variant]]] = []
+    if job is not None:
+        for index, entry in enumerate(job.jobs, start=1):
+            if options.models and entry.model not in options.models:
+                continue
+            if entry.model not in models and entry.model != SMOKE:
+                raise ModelbenchUsageError(
+                    f"{display_path(options.job_file or Path())}: jobs[{index}].model: unknown model "
+                    f"{entry.model!r}{did_you_mean(entry.model, models)}; defined: {one_of(models)}"
+                )
+            envs = [e for e in entry.env if not options.envs or e in options.envs]
+            pairs.append((_select_models([entry.model], models, options, source),
+                          _variants_for(config, envs, options, check_module) if envs else []))
+    else:
+        if not options.models:
+            raise ModelbenchUsageError(
+                f"no model selected: pass --model NAME (configured in {source}: {one_of(models)}), "
+                "--model all, --model smoke, or --mb-config configs/job-<name>.yaml"
+            )
+        pairs.append((_select_models(options.models, models, options, source),
+                      _variants_for(config, options.envs, options, check_module)))
+    items: list[PlannedItem] = []
+    seen: dict[str, PlannedItem] = {}
+    for chosen_models, variants in pairs:
+        for model_name, spec in chosen_models:
+            spec = _apply_model_overrides(spec, options)
+            for variant in variants:
+                if options.env_args:
+                    variant = replace(variant, env_args={**variant.env_args, **options.env_args})
+                if options.sampling_args:
+                    variant = replace(
+                        variant, sampling_args={**variant.sampling_args, **options.sampling_args}
+                    )
+                limit = variant.num_examples
+                if options.num_examples is not None:
+                    limit = options.num_examples if limit < 0 else min(limit, options.num_examples)
+                for seed in options.seeds or variant.seeds:
+                    item_id = f"{model_name}-{variant.id}-seed{seed}"
+                    if item_id in seen:
+                        continue
+                    item = PlannedItem(item_id, model_name, spec, variant, seed, limit)
+                    seen[item_id] = item
+                    items.append(item)
+    if not items:
+        what = f" matching --env {','.join(options.envs)}" if options.envs else ""
+        raise ModelbenchUsageError(
+            f"nothing to run: no environment variants{what} in {display_path(config.root / 'envs')} "
+            "(add configs/envs/<name>.yaml, or name a built-in suite with --env, e.g. --env gsm8k)"
+        )
+    run_name = options.run_name or (job.name if job else "run")
+    parent = Path(job.output_dir) if job and job.output_dir else None
+    return Plan(items=tuple(items), run_name=run_name, run_parent=parent)

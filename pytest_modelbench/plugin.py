@@ -1,0 +1,70 @@
+"""pytest entry point: parse options and register modelbench's plugin objects.
+
+Behaviour lives in small classes (``session.ModelbenchSession``,
+``terminal.SummaryReporter``); this module only wires them, as pytest's
+``cacheprovider.pytest_configure`` registers ``LFPlugin``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_modelbench import hookspecs
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
+from pytest_modelbench.options import RunOptions, add_options
+from pytest_modelbench.result import EvalResult
+from pytest_modelbench.session import SESSION_KEY, ModelbenchSession
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "modelbench(model=None, env=None, variant=None): restrict which items a test using "
+        "mb_eval is parametrized with (names or lists of names)",
+    )
+    try:
+        options = RunOptions.from_config(config)
+    except ModelbenchUsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    session = ModelbenchSession(config, options)
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(session, "modelbench-session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Any:
+    from pytest_modelbench.backends.base import resolve_builtin
+
+    return resolve_builtin(module)
+
+
+@pytest.fixture
+def mb_item(request: pytest.FixtureRequest) -> Any:
+    """The planned item (model, variant, seed) of this test; parametrized by modelbench."""
+    param = getattr(request, "param", None)
+    if param is None:
+        pytest.fail("mb_item is parametrized by pytest-modelbench; pass --model NAME", pytrace=False)
+    return param
+
+
+@pytest.fixture
+def mb_eval(request: pytest.FixtureRequest, mb_item: Any) -> Iterator[EvalResult]:
+    """The finished evaluation of this item (computed now, or read from the run store)."""
+    session = request.config.stash[SESSION_KEY]
+    try:
+        result = session.evaluate(mb_item, request.node)
+    except (EvaluationError, ModelbenchUsageError) as exc:
+        session.record_error(request.node, mb_item, str(exc))
+        pytest.fail(str(exc), pytrace=False)
+    yield result

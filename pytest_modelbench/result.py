@@ -1,0 +1,84 @@
+""":class:`EvalResult`: what a test function receives from the ``mb_eval`` fixture."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench.store import Journal
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The finished evaluation of one item: scores with uncertainty and per-example rows.
+
+    Example::
+
+        def test_gsm8k_floor(mb_eval):
+            assert mb_eval.score >= 0.3, mb_eval.describe()
+    """
+
+    item_id: str
+    model: str
+    env: str
+    variant: str
+    seed: int
+    metric: str
+    summary: Mapping[str, Any]
+    directory: Path
+    from_store: bool = False
+    recompute_reason: str | None = None
+    verdict: Any = field(default=None, compare=False)  # a gates.GateVerdict once gated
+
+    def _metric(self, name: str | None = None) -> Mapping[str, Any]:
+        metrics: Mapping[str, Any] = self.summary.get("metrics", {})
+        return metrics.get(name or self.metric, {})
+
+    @property
+    def score(self) -> float | None:
+        """The primary metric's value."""
+        value = self._metric().get("value")
+        return None if value is None else float(value)
+
+    @property
+    def ci(self) -> tuple[float | None, float | None]:
+        entry = self._metric()
+        return entry.get("ci_low"), entry.get("ci_high")
+
+    @property
+    def stderr(self) -> float | None:
+        value = self._metric().get("stderr")
+        return None if value is None else float(value)
+
+    @property
+    def n(self) -> int:
+        return int(self._metric().get("n") or 0)
+
+    @property
+    def errors(self) -> int:
+        return int(self.summary.get("errors", 0))
+
+    @property
+    def metrics(self) -> dict[str, float | None]:
+        """Every metric's value by name."""
+        return {name: entry.get("value") for name, entry in self.summary.get("metrics", {}).items()}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per-example rows from ``results.jsonl`` (prompt, completion, gold, metrics, error...)."""
+        return list(Journal(self.directory / "results.jsonl").read().values())
+
+    def check_baseline(self) -> None:
+        """Fail the calling test with the gate's one-paragraph message on a significant regression."""
+        verdict = self.verdict
+        if verdict is not None and not verdict.passed:
+            import pytest
+
+            pytest.fail(verdict.message, pytrace=False)
+
+    def describe(self) -> str:
+        low, high = self.ci
+        ci = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        score = "n/a" if self.score is None else f"{self.score:.3f}"
+        return f"{self.item_id}: {self.metric} {score}{ci} (n={self.n}, errors={self.errors})"

@@ -1,0 +1,161 @@
+"""The per-item evaluation loop: keep ``max_concurrent`` requests in flight, journal every example.
+
+A fixed pool of worker coroutines pulls (example, rollout) work units from
+one iterator, so memory stays flat for 100k-example items and the server
+always has ``max_concurrent`` requests to batch. Each finished example is one
+journal line (``store.Journal``); failures after retries are recorded as
+errors, never as wrong answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_modelbench.client import OpenAIClient, RequestFailed
+from pytest_modelbench.progress import ProgressSink
+from pytest_modelbench.store import Journal
+from pytest_modelbench.tasks import Example, Suite
+
+ROW_SCHEMA_VERSION = 1
+
+
+def request_seed(item_seed: int, example_id: str, rollout: int) -> int:
+    """A per-request sampling seed, stable across runs and independent of batching order."""
+    digest = hashlib.sha256(f"{item_seed}\x00{example_id}\x00{rollout}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass
+class LoopStats:
+    """Counters of one evaluation loop (what this process did, not what the journal holds)."""
+
+    requested: int = 0
+    errors: int = 0
+    retries: int = 0
+    retry_reasons: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    api: str  # "chat" | "completions"
+    model: str
+    sampling_args: Mapping[str, Any]
+    seed: int
+    max_concurrent: int
+    send_seed: bool = True
+
+
+def work_units(
+    examples: Iterable[Example], rollouts: int, done: set[tuple[str, int]]
+) -> Iterator[tuple[Example, int]]:
+    """Every (example, rollout) whose journal line is missing or was an error."""
+    for example in examples:
+        for rollout in range(rollouts):
+            if (example.id, rollout) not in done:
+                yield example, rollout
+
+
+def _payload(settings: LoopSettings, example: Example, rollout: int) -> tuple[str, dict[str, Any]]:
+    payload: dict[str, Any] = {"model": settings.model, **settings.sampling_args}
+    if settings.send_seed and "seed" not in settings.sampling_args:
+        payload["seed"] = request_seed(settings.seed, example.id, rollout)
+    if settings.api == "chat":
+        payload["messages"] = [dict(m) for m in example.messages]
+        return "/chat/completions", payload
+    payload["prompt"] = example.prompt or example.last_user_text
+    return "/completions", payload
+
+
+def _prompt_text(example: Example) -> str:
+    return example.last_user_text if example.messages else example.prompt
+
+
+async def run_loop(
+    suite: Suite,
+    units: Iterator[tuple[Example, int]],
+    client: OpenAIClient,
+    journal: Journal,
+    settings: LoopSettings,
+    progress: ProgressSink,
+) -> LoopStats:
+    """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth."""
+    stats = LoopStats()
+    started = time.perf_counter()
+
+    async def score(example: Example, text: str) -> tuple[dict[str, float], Any, Mapping[str, Any]]:
+        if suite.blocking_score:
+            result = await asyncio.to_thread(suite.score, example, text)
+        else:
+            result = suite.score(example, text)
+        return dict(result.metrics), result.extracted, result.detail
+
+    async def one(example: Example, rollout: int) -> None:
+        path, payload = _payload(settings, example, rollout)
+        row: dict[str, Any] = {
+            "v": ROW_SCHEMA_VERSION,
+            "example_id": example.id,
+            "rollout": rollout,
+            "prompt": _prompt_text(example),
+            "gold": example.gold,
+        }
+        stats.requested += 1
+        try:
+            completion = await client.request(path, payload)
+        except RequestFailed as exc:
+            stats.errors += 1
+            stats.retries += max(0, exc.attempts - 1)
+            for reason in exc.retry_reasons:
+                key = reason.split(" after ")[0]
+                stats.retry_reasons[key] = stats.retry_reasons.get(key, 0) + 1
+            row.update(completion=None, error=exc.reason, attempts=exc.attempts, metrics={}, score=None)
+            journal.append(row)
+            progress.advance(error=True)
+            return
+        stats.retries += completion.attempts - 1
+        for reason in completion.retry_reasons:
+            key = reason.split(" after ")[0]
+            stats.retry_reasons[key] = stats.retry_reasons.get(key, 0) + 1
+        stats.prompt_tokens += completion.prompt_tokens or 0
+        stats.completion_tokens += completion.completion_tokens or 0
+        try:
+            metrics, extracted, detail = await score(example, completion.text)
+        except Exception as exc:  # a scorer bug must not kill the item; record it
+            metrics, extracted, detail = {}, None, {}
+            row["error"] = f"scorer raised {type(exc).__name__}: {exc}"
+            stats.errors += 1
+        row.update(
+            completion=completion.text,
+            finish_reason=completion.finish_reason,
+            extracted=extracted,
+            metrics=metrics,
+            score=metrics.get(suite.primary_metric),
+            tokens={"prompt": completion.prompt_tokens, "completion": completion.completion_tokens},
+            latency_s=round(completion.latency_s, 4),
+            attempts=completion.attempts,
+        )
+        row.setdefault("error", None)
+        if detail:
+            row["detail"] = dict(detail)
+        journal.append(row)
+        progress.advance(error=row["error"] is not None)
+
+    async def worker() -> None:
+        for example, rollout in units:  # shared iterator: each unit is taken exactly once
+            await one(example, rollout)
+
+    workers = [asyncio.create_task(worker()) for _ in range(max(1, settings.max_concurrent))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:
+            task.cancel()
+        stats.wall_s = time.perf_counter() - started
+    return stats

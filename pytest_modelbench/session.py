@@ -1,0 +1,213 @@
+"""The per-session modelbench object: plan, parametrization, evaluation, result gathering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.config import ConfigSet, load_config_set
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
+from pytest_modelbench.options import RunOptions
+from pytest_modelbench.plan import Plan, PlannedItem, build_plan
+from pytest_modelbench.result import EvalResult
+from pytest_modelbench.store import RunStore, find_latest_run, new_run_id
+
+SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
+WORKER_RUN_DIR = "modelbench_run_dir"
+PROPERTY_PREFIX = "mb_"
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class ModelbenchSession:
+    """Holds the plan and the run store; implements modelbench's collection and reporting hooks."""
+
+    def __init__(self, config: pytest.Config, options: RunOptions) -> None:
+        self.config = config
+        self.options = options
+        self._config_set: ConfigSet | None = None
+        self._plan: Plan | None = None
+        self._plan_error: str | None = None
+        self._run_dir: Path | None = None
+        self._evaluator: Any = None
+        self.records: list[dict[str, Any]] = []  # controller: one per finished item (from reports)
+
+    # -- configuration and plan ------------------------------------------------------------
+    @property
+    def config_set(self) -> ConfigSet:
+        if self._config_set is None:
+            self._config_set = load_config_set(self.options.config_dir)
+        return self._config_set
+
+    @property
+    def active(self) -> bool:
+        """True when the user asked for benchmark items (so the plan is built eagerly)."""
+        return bool(self.options.models or self.options.job_file)
+
+    def check_module(self, module: str, where: str) -> None:
+        if self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module) is not None:
+            return
+        from pytest_modelbench.backends.base import known_module_names
+
+        names = known_module_names()
+        prefix = module.split(":", 1)[0]
+        hint = ""
+        if prefix in ("verifiers", "lm_eval"):
+            hint = f"; the {prefix} backend needs its extra: pip install 'pytest-modelbench[{prefix.replace('_', '-')}]'"
+        raise ModelbenchUsageError(
+            f"{where}: unknown module {module!r}{did_you_mean(module, names)}; accepted: {one_of(names)}{hint}"
+        )
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            self._plan = build_plan(self.config_set, self.options, self.check_module)
+        return self._plan
+
+    # -- run directory ---------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        if self._run_dir is None:
+            if is_worker(self.config) and WORKER_RUN_DIR in self.config.workerinput:  # type: ignore[attr-defined]
+                self._run_dir = Path(self.config.workerinput[WORKER_RUN_DIR])  # type: ignore[attr-defined]
+            else:
+                self._run_dir = self._resolve_run_dir()
+        return self._run_dir
+
+    def _resolve_run_dir(self) -> Path:
+        base = self.config.invocation_params.dir
+        parent = self.options.run_dir
+        if self.plan.run_parent is not None and self.options.run_dir == Path("runs"):
+            parent = self.plan.run_parent
+        parent = parent if parent.is_absolute() else base / parent
+        if self.options.run_id:
+            return parent / self.options.run_id
+        if self.options.auto_resume and not self.options.restart:
+            latest = find_latest_run(parent, self.plan.run_name)
+            if latest is not None:
+                return latest
+        return parent / new_run_id(parent, self.plan.run_name)
+
+    # -- hooks -----------------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if not self.active:
+            return
+        try:
+            self.plan  # noqa: B018 - validate config and selection before anything runs
+        except ModelbenchUsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller → worker: every worker writes the same run directory."""
+        if self.active:
+            node.workerinput[WORKER_RUN_DIR] = str(self.run_dir)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "mb_item" not in metafunc.fixturenames:
+            return
+        try:
+            items = list(self.plan.items)
+        except ModelbenchUsageError as exc:
+            self._plan_error = str(exc)
+            items = []
+        marker = metafunc.definition.get_closest_marker("modelbench")
+        if marker is not None:
+            items = [item for item in items if _marker_selects(marker.kwargs, item)]
+        metafunc.parametrize("mb_item", items, ids=[item.item_id for item in items])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        if self._plan_error is not None:
+            raise pytest.UsageError(self._plan_error)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if session.config.option.collectonly and self._plan is not None and not is_worker(self.config):
+            from pytest_modelbench.terminal import write_plan
+
+            selected = {
+                item.callspec.params["mb_item"].item_id
+                for item in session.items
+                if hasattr(item, "callspec") and "mb_item" in item.callspec.params
+            }
+            write_plan(session.config, [i for i in self._plan.items if i.item_id in selected], self)
+
+    # -- evaluation (worker side) ------------------------------------------------------------
+    def evaluator(self) -> Any:
+        if self._evaluator is None:
+            from pytest_modelbench.endpoint import EndpointManager
+            from pytest_modelbench.evaluate import ItemEvaluator, versions
+
+            store = RunStore(self.run_dir)
+            store.init(run_name=self.plan.run_name, versions=versions())
+            endpoints = EndpointManager(self.run_dir)
+            self._evaluator = ItemEvaluator(self.options, store, endpoints, self.backend_for)
+        return self._evaluator
+
+    def backend_for(self, module: str) -> Any:
+        backend = self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module)
+        if backend is None:
+            self.check_module(module, "module")
+        return backend
+
+    def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
+        result: EvalResult = self.evaluator().evaluate(item)
+        _record_properties(node, item, result)
+        return result
+
+    def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
+        node.user_properties.extend(_base_properties(item) + [("mb_verdict", "error"), ("mb_error", message)])
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._evaluator is not None:
+            self._evaluator.endpoints.close()
+
+    # -- reporting (controller side) ---------------------------------------------------------
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if is_worker(self.config):
+            return
+        props = {k: v for k, v in report.user_properties if isinstance(k, str) and k.startswith(PROPERTY_PREFIX)}
+        if not props.get("mb_item"):
+            return
+        if report.when == "call" or (report.when == "setup" and report.failed):
+            record = {k[len(PROPERTY_PREFIX):]: v for k, v in props.items()}
+            record["outcome"] = report.outcome
+            self.records.append(record)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.records:
+            from pytest_modelbench.terminal import write_summary_table
+
+            write_summary_table(terminalreporter, self.records, self._run_dir)
+
+
+def _marker_selects(kwargs: dict[str, Any], item: PlannedItem) -> bool:
+    for key, value in (("model", item.model_name), ("env", item.env), ("variant", item.variant.id)):
+        wanted = kwargs.get(key)
+        if wanted is None:
+            continue
+        allowed = [wanted] if isinstance(wanted, str) else list(wanted)
+        if value not in allowed:
+            return False
+    return True
+
+
+def _base_properties(item: PlannedItem) -> list[tuple[str, Any]]:
+    return [("mb_item", item.item_id), ("mb_model", item.model_name), ("mb_env", item.env),
+            ("mb_variant", item.variant.id), ("mb_seed", item.seed)]
+
+
+def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult) -> None:
+    if any(k == "mb_item" for k, _ in node.user_properties):
+        return
+    low, high = result.ci
+    node.user_properties.extend(_base_properties(item) + [
+        ("mb_metric", result.metric), ("mb_score", result.score), ("mb_ci_low", low),
+        ("mb_ci_high", high), ("mb_n", result.n), ("mb_errors", result.errors),
+        ("mb_from_store", result.from_store), ("mb_duration_s", result.summary.get("duration_s")),
+    ])

@@ -1,0 +1,73 @@
+"""Turn an item's journal rows into ``summary.json`` metrics with uncertainty."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_modelbench import stats
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def metric_summary(values_by_example: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Value, stderr and 95% CI of one metric (Wilson for 0/1, cluster-robust across rollouts)."""
+    values = [v for vs in values_by_example.values() for v in vs]
+    if not values:
+        return {"value": None, "stderr": None, "ci_low": None, "ci_high": None, "n": 0}
+    clusters = [key for key, vs in values_by_example.items() for _ in vs]
+    est = stats.summarize_scores(values, clusters)
+    return {
+        "value": est.value,
+        "stderr": _finite(est.stderr),
+        "ci_low": _finite(est.ci_low),
+        "ci_high": _finite(est.ci_high),
+        "n": len(values),
+        "examples": len(values_by_example),
+        "ci_method": est.method,
+    }
+
+
+def summarise_rows(
+    rows: Sequence[Mapping[str, Any]], metric_names: Sequence[str], expected_units: int
+) -> dict[str, Any]:
+    """Summary fields from journal rows (the last row per example/rollout)."""
+    by_metric: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    errors = 0
+    prompt_tokens = completion_tokens = 0
+    latency: list[float] = []
+    retries = 0
+    for row in rows:
+        retries += max(0, int(row.get("attempts") or 1) - 1)
+        if row.get("error"):
+            errors += 1
+            continue
+        for name, value in (row.get("metrics") or {}).items():
+            by_metric[name][str(row["example_id"])].append(float(value))
+        tokens = row.get("tokens") or {}
+        prompt_tokens += tokens.get("prompt") or 0
+        completion_tokens += tokens.get("completion") or 0
+        if row.get("latency_s") is not None:
+            latency.append(float(row["latency_s"]))
+    names = list(dict.fromkeys([*metric_names, *by_metric]))
+    metrics = {name: metric_summary(by_metric.get(name, {})) for name in names}
+    latency.sort()
+    return {
+        "metrics": metrics,
+        "n_rows": len(rows),
+        "n_scored": len(rows) - errors,
+        "expected": expected_units,
+        "errors": errors,
+        "error_rate": errors / expected_units if expected_units else 0.0,
+        "retries": retries,
+        "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
+        "latency_s": {
+            "mean": sum(latency) / len(latency) if latency else None,
+            "p50": latency[len(latency) // 2] if latency else None,
+            "p95": latency[int(len(latency) * 0.95)] if latency else None,
+        },
+    }
