@@ -19,9 +19,6 @@ from pytest_modelbench.errors import EvaluationError
 if TYPE_CHECKING:
     from pytest_modelbench.plan import PlannedItem
 
-_PREFLIGHT_OK: set[tuple[tuple[str, ...], str]] = set()
-
-
 @dataclass(frozen=True)
 class Endpoint:
     """An OpenAI-compatible place to send one model's requests. The key is never written anywhere."""
@@ -32,17 +29,24 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     backoff_s: float = 0.5
     preflight_timeout_s: float = 15.0
+    checked: dict[tuple[tuple[str, ...], str], str | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )  # shared per worker: key -> None (passed) or the failure message (fail the next items at once)
 
     async def ensure_ready(self, client: OpenAIClient) -> None:
-        """Pre-flight once per process: fail fast with the URL when unreachable or missing the model."""
+        """Pre-flight once per worker: fail fast with the URL when unreachable or missing the model."""
         key = (self.base_urls, self.served_model)
-        if key in _PREFLIGHT_OK:
+        if key in self.checked:
+            failure = self.checked[key]
+            if failure is not None:
+                raise EvaluationError(failure)
             return
         try:
             await client.preflight(self.served_model, timeout_s=self.preflight_timeout_s)
         except EndpointUnavailable as exc:
+            self.checked[key] = str(exc)
             raise EvaluationError(str(exc)) from None
-        _PREFLIGHT_OK.add(key)
+        self.checked[key] = None
 
 
 def _api_key(var: str | None, model_name: str) -> str | None:
@@ -62,6 +66,7 @@ class EndpointManager:
 
     def __init__(self, run_dir: Path, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
         self.run_dir = run_dir
+        self._checked: dict[tuple[tuple[str, ...], str], str | None] = {}  # pre-flight outcomes
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
 
@@ -76,6 +81,7 @@ class EndpointManager:
                 api_key=_api_key(spec.api_key_var, item.model_name),
                 backoff_s=spec.retry_backoff,
                 preflight_timeout_s=self.preflight_timeout_s,
+                checked=self._checked,
             )
         if self.serving is None:
             raise EvaluationError(
@@ -89,6 +95,7 @@ class EndpointManager:
             api=spec.api,
             backoff_s=spec.retry_backoff,
             preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
+            checked=self._checked,
         )
 
     def close(self) -> None:

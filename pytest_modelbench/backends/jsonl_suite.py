@@ -27,8 +27,18 @@ def _normalise(text: str) -> str:
     return " ".join(text.strip().strip(".").lower().split())
 
 
-@lru_cache(maxsize=16)
 def _read(path: str) -> tuple[tuple[dict[str, Any], ...], str]:
+    """Rows and checksum of a JSONL file, cached while the file is unchanged."""
+    file = Path(path).resolve()
+    try:
+        stat = file.stat()
+    except OSError as exc:
+        raise SuiteArgumentError(f"env_args.path: cannot read {path!r}: {exc.strerror}") from None
+    return _read_cached(str(file), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=16)
+def _read_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[dict[str, Any], ...], str]:
     file = Path(path)
     try:
         raw = file.read_bytes()

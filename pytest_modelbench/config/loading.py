@@ -107,6 +107,9 @@ def _fields_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
     return []
 
 
+_SECRET_WORDS = ("key", "token", "secret", "password")
+
+
 def _describe_input(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -116,7 +119,9 @@ def format_validation_error(
     where: str, model: type[BaseModel], exc: ValidationError, loc_prefix: Sequence[str] = ()
 ) -> str:
     """One line for the first error of ``exc``: location, key, value, fix."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # an unknown key explains a "missing" one next to it (a misspelling), so report it first
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(p) for p in err["loc"]]
     key_path = ".".join([*loc_prefix, *loc])
     kind = err["type"]
@@ -129,6 +134,8 @@ def format_validation_error(
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
+    if any(word in loc[-1].lower() for word in _SECRET_WORDS):
+        return f"{where}: {key_path}: {message}"  # never echo what may be a credential
     return f"{where}: {key_path}: {message} (got {_describe_input(err.get('input'))})"
 
 

