@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,10 @@ class ModelbenchSession:
         self._plan_error: str | None = None
         self._run_dir: Path | None = None
         self._evaluator: Any = None
+        self._book: Any = None
         self.records: list[dict[str, Any]] = []  # controller: one per finished item (from reports)
+        self.holm_failures: list[str] = []
+        self.baselines_written: list[Path] = []
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -155,8 +161,22 @@ class ModelbenchSession:
             self.check_module(module, "module")
         return backend
 
+    def baseline_book(self) -> Any:
+        if self._book is None:
+            from pytest_modelbench.baselines import BaselineBook
+
+            self._book = BaselineBook(
+                self.options.config_dir / "baselines", self.run_dir.parent,
+                require=self.options.require_baseline, baseline_run=self.options.baseline_run,
+            )
+        return self._book
+
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
+        """Evaluate (or load) the item, then gate it on its baseline."""
         result: EvalResult = self.evaluator().evaluate(item)
+        verdict = self.baseline_book().verdict(result)
+        deferred = self.options.correction == "holm" and verdict.p_value is not None
+        result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
         _record_properties(node, item, result)
         return result
 
@@ -180,10 +200,55 @@ class ModelbenchSession:
             self.records.append(record)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.records:
-            from pytest_modelbench.terminal import write_summary_table
+        if not self.records:
+            return
+        from pytest_modelbench.terminal import write_markdown_summary, write_summary_table
 
-            write_summary_table(terminalreporter, self.records, self._run_dir)
+        write_summary_table(terminalreporter, self.records, self._run_dir)
+        if self.holm_failures:
+            terminalreporter.write_sep("=", "regressions after Holm correction", red=True)
+            for message in self.holm_failures:
+                terminalreporter.write_line(message)
+        if self.baselines_written:
+            terminalreporter.write_line(
+                "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
+            )
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:
+            write_markdown_summary(Path(step_summary), self.records, self._run_dir)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if is_worker(self.config) or not self.records:
+            return
+        if self.options.correction == "holm":
+            self._apply_holm(session)
+        if self.options.update_baselines:
+            from pytest_modelbench.baselines import update_baselines
+
+            run_id = self._run_dir.name if self._run_dir else "unknown"
+            self.baselines_written = update_baselines(
+                self.options.config_dir / "baselines", self.records, run_id
+            )
+
+    def _apply_holm(self, session: pytest.Session) -> None:
+        """Re-decide every tested verdict with Holm-adjusted p-values; a failure fails the session."""
+        from pytest_modelbench.gates import GateVerdict, holm_adjust_verdicts
+
+        fields = {f.name for f in dataclasses.fields(GateVerdict)}
+        tested = [r for r in self.records if r.get("gate")]
+        verdicts = []
+        for record in tested:
+            data = json.loads(record["gate"])
+            data["worse_ids"] = tuple(data.get("worse_ids") or ())
+            data["better_ids"] = tuple(data.get("better_ids") or ())
+            verdicts.append(GateVerdict(**{k: v for k, v in data.items() if k in fields}))
+        for record, verdict in zip(tested, holm_adjust_verdicts(verdicts), strict=True):
+            record["verdict"] = verdict.status
+            if not verdict.passed:
+                self.holm_failures.append(verdict.message)
+        if self.holm_failures and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _marker_selects(kwargs: dict[str, Any], item: PlannedItem) -> bool:
@@ -206,8 +271,21 @@ def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult)
     if any(k == "mb_item" for k, _ in node.user_properties):
         return
     low, high = result.ci
+    verdict = result.verdict
+    status = verdict.status if verdict is not None else "no baseline"
+    if result.gate_deferred:
+        status = f"{status} (Holm pending)"
     node.user_properties.extend(_base_properties(item) + [
         ("mb_metric", result.metric), ("mb_score", result.score), ("mb_ci_low", low),
-        ("mb_ci_high", high), ("mb_n", result.n), ("mb_errors", result.errors),
-        ("mb_from_store", result.from_store), ("mb_duration_s", result.summary.get("duration_s")),
+        ("mb_ci_high", high), ("mb_stderr", result.stderr), ("mb_n", result.n),
+        ("mb_errors", result.errors), ("mb_from_store", result.from_store),
+        ("mb_duration_s", result.summary.get("duration_s")), ("mb_model_path", item.model.model),
+        ("mb_verdict", status),
+        ("mb_baseline", verdict.baseline_value if verdict is not None else None),
+        ("mb_delta", verdict.delta if verdict is not None else None),
+        ("mb_p_value", verdict.p_value if verdict is not None else None),
+        ("mb_rule", verdict.rule if verdict is not None else None),
+        ("mb_gate", json.dumps(verdict.as_dict()) if verdict is not None else None),
     ])
+    if result.recompute_reason:
+        node.user_properties.append(("mb_recomputed", result.recompute_reason))

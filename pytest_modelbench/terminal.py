@@ -67,8 +67,7 @@ def write_summary_table(reporter: Any, records: Sequence[dict[str, Any]], run_di
     for rec in sorted(records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))):
         low, high = rec.get("ci_low"), rec.get("ci_high")
         ci = f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
-        verdict = rec.get("verdict") or ("error" if rec.get("outcome") == "failed" and rec.get("error") else
-                                        "passed" if rec.get("outcome") == "passed" else rec.get("outcome", "-"))
+        verdict = rec.get("verdict") or rec.get("outcome", "-")
         if rec.get("from_store") and verdict != "error":
             verdict += " (from store)"
         rows.append([
@@ -81,3 +80,21 @@ def write_summary_table(reporter: Any, records: Sequence[dict[str, Any]], run_di
         reporter.write_line(line)
     if run_dir is not None:
         reporter.write_line(f"run store: {run_dir}")
+
+
+def write_markdown_summary(path: Path, records: Sequence[dict[str, Any]], run_dir: Path | None) -> None:
+    """Append a Markdown table to a CI job summary file (``$GITHUB_STEP_SUMMARY``)."""
+    lines = ["## modelbench", "", "| model | variant | seed | metric | score | 95% CI | n | baseline | Δ | verdict |",
+             "|---|---|---:|---|---:|---|---:|---:|---:|---|"]
+    for rec in sorted(records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))):
+        low, high = rec.get("ci_low"), rec.get("ci_high")
+        ci = f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
+        lines.append(
+            f"| {rec.get('model')} | {rec.get('variant')} | {rec.get('seed')} | {_fmt(rec.get('metric'))} | "
+            f"{_fmt(rec.get('score'))} | {ci} | {_fmt(rec.get('n'))} | {_fmt(rec.get('baseline'))} | "
+            f"{_fmt(rec.get('delta'))} | {rec.get('verdict') or rec.get('outcome')} |"
+        )
+    if run_dir is not None:
+        lines += ["", f"Run store: `{run_dir.name}`"]
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n\n")

@@ -1,0 +1,173 @@
+"""Where baselines are decided: find an item's baseline, gate its score, write new baselines.
+
+Baselines live in ``configs/baselines/<model>.yaml`` keyed by variant id (or
+environment name); a ``run:`` entry or ``--baseline-run RUN_ID`` makes the
+gate a paired per-example comparison against that run's journal.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import subprocess
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench import gates
+from pytest_modelbench.config.loading import display_path, load_baseline_file
+from pytest_modelbench.config.schema import BaselineEntrySpec
+from pytest_modelbench.errors import EvaluationError
+from pytest_modelbench.result import EvalResult
+from pytest_modelbench.store import Journal, safe_component
+
+
+class BaselineBook:
+    """Reads baseline files on demand (a broken file fails only the items that need it)."""
+
+    def __init__(self, baseline_dir: Path, runs_parent: Path, *, require: bool = False,
+                 baseline_run: str | None = None, alpha: float = gates.DEFAULT_ALPHA) -> None:
+        self.baseline_dir = baseline_dir
+        self.runs_parent = runs_parent
+        self.require = require
+        self.baseline_run = baseline_run
+        self.alpha = alpha
+        self._files: dict[str, dict[str, BaselineEntrySpec]] = {}
+
+    def path_for(self, model: str) -> Path:
+        return self.baseline_dir / f"{safe_component(model)}.yaml"
+
+    def entries(self, model: str) -> dict[str, BaselineEntrySpec]:
+        if model not in self._files:
+            path = self.path_for(model)
+            self._files[model] = load_baseline_file(path) if path.exists() else {}
+        return self._files[model]
+
+    def entry_for(self, result: EvalResult) -> tuple[BaselineEntrySpec | None, str]:
+        entries = self.entries(result.model)
+        for key in (result.variant, result.env):
+            if key in entries:
+                return entries[key], key
+        return None, ""
+
+    def reference_scores(self, run_id: str, result: EvalResult, metric: str) -> dict[str, float]:
+        """Per-example scores (mean over rollouts) of the same item in run ``run_id``."""
+        run_dir = self.runs_parent / run_id
+        if not run_dir.is_dir():
+            raise EvaluationError(
+                f"--baseline-run / run: {run_id!r}: no such run directory {display_path(run_dir)} "
+                "(list runs with 'ls runs/' or 'modelbench runs')"
+            )
+        journal = Journal(run_dir / safe_component(result.item_id) / "results.jsonl")
+        sums: dict[str, list[float]] = defaultdict(list)
+        for row in journal.read().values():
+            value = (row.get("metrics") or {}).get(metric)
+            if not row.get("error") and value is not None:
+                sums[str(row["example_id"])].append(float(value))
+        if not sums:
+            raise EvaluationError(
+                f"reference run {run_id!r} has no finished results for {result.item_id}; "
+                "run that item there first or drop --baseline-run"
+            )
+        return {key: sum(values) / len(values) for key, values in sums.items()}
+
+    def current(self, result: EvalResult, metric: str) -> gates.ScoreSummary:
+        entry = result.summary.get("metrics", {}).get(metric) or {}
+        value = entry.get("value")
+        if value is None:
+            raise EvaluationError(
+                f"{result.item_id}: metric {metric!r} was not computed; available: "
+                f"{', '.join(result.summary.get('metrics', {})) or '(none)'}"
+            )
+        return gates.ScoreSummary(
+            metric=metric, value=float(value), n=int(entry.get("examples") or entry.get("n") or 0),
+            stderr=float(entry.get("stderr") or 0.0), ci_low=entry.get("ci_low"),
+            ci_high=entry.get("ci_high"), subject=result.variant,
+        )
+
+    def verdict(self, result: EvalResult) -> gates.GateVerdict:
+        spec, _ = self.entry_for(result)
+        metric = (spec.metric if spec and spec.metric else None) or result.metric
+        current = self.current(result, metric)
+        run_id = self.baseline_run or (spec.run if spec else None)
+        if spec is None and run_id is None:
+            return gates.no_baseline_verdict(current, required=self.require)
+        path = display_path(self.path_for(result.model)) if spec else None
+        data = spec.model_dump() if spec else {"run": run_id}
+        entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
+        reference = self.reference_scores(run_id, result, metric) if run_id else None
+        per_example = self._per_example(result, metric) if reference is not None else None
+        rule = gates.rule_for(entry, reference_scores=reference, alpha=self.alpha)
+        return rule.evaluate(current, per_example)
+
+    @staticmethod
+    def _per_example(result: EvalResult, metric: str) -> dict[str, float]:
+        sums: dict[str, list[float]] = defaultdict(list)
+        for row in result.rows():
+            value = (row.get("metrics") or {}).get(metric)
+            if not row.get("error") and value is not None:
+                sums[str(row["example_id"])].append(float(value))
+        return {key: sum(v) / len(v) for key, v in sums.items()}
+
+
+def _git_revision(path: str | None) -> str | None:
+    if not path or not Path(path).exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(Path(path) if Path(path).is_dir() else Path(path).parent),
+                              "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def update_baselines(baseline_dir: Path, records: Sequence[Mapping[str, Any]], run_id: str) -> list[Path]:
+    """Write this run's scores as baselines, one file per model, keeping comments and other entries.
+
+    Several seeds of one variant are averaged (their n summed).
+    """
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    by_model: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        if record.get("score") is not None:
+            by_model[str(record["model"])][str(record["variant"])].append(record)
+    written = []
+    today = _dt.date.today().isoformat()
+    for model, variants in sorted(by_model.items()):
+        path = baseline_dir / f"{safe_component(model)}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        document = (yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None) or {}
+        for variant, recs in sorted(variants.items()):
+            values = [float(r["score"]) for r in recs]
+            n = sum(int(r.get("n") or 0) for r in recs)
+            stderrs = [float(r["stderr"]) for r in recs if r.get("stderr") is not None]
+            stderr = (sum(s * s for s in stderrs) ** 0.5 / len(stderrs)) if stderrs else None
+            entry = document.get(variant)
+            if entry is None:
+                entry = {}
+                document[variant] = entry
+            entry["metric"] = recs[0].get("metric")
+            entry["value"] = round(sum(values) / len(values), 6)
+            entry.setdefault("margin", 0.0)
+            entry["n"] = n
+            if stderr is not None:
+                entry["stderr"] = round(stderr, 6)
+            entry["source"] = f"modelbench run {run_id}"
+            entry["run_id"] = run_id
+            entry["date"] = today
+            revision = _git_revision(recs[0].get("model_path"))
+            if revision:
+                entry["revision"] = revision
+            for stale in ("min", "run"):
+                entry.pop(stale, None)
+        from pytest_modelbench.store import atomic_write_text
+        import io
+
+        buffer = io.StringIO()
+        yaml.dump(document, buffer)
+        atomic_write_text(path, buffer.getvalue())
+        written.append(path)
+    return written
