@@ -35,7 +35,8 @@ class EvalResult:
 
     def _metric(self, name: str | None = None) -> Mapping[str, Any]:
         metrics: Mapping[str, Any] = self.summary.get("metrics", {})
-        return metrics.get(name or self.metric, {})
+        entry: Mapping[str, Any] = metrics.get(name or self.metric, {})
+        return entry
 
     @property
     def score(self) -> float | None:

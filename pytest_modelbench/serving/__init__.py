@@ -1,0 +1,48 @@
+"""Inference serving: GPU claims, engine servers (vLLM) and the built-in smoke model.
+
+Standard library only at import time; vLLM runs in its own process and ``tokenizers`` is
+imported only when the smoke model is built.
+"""
+
+from __future__ import annotations
+
+from pytest_modelbench.serving.base import (
+    Engine,
+    EngineNotInstalledError,
+    LaunchSpec,
+    ServerHandle,
+    ServerStartError,
+    ServingError,
+)
+from pytest_modelbench.serving.gpus import (
+    GpuClaim,
+    GpuWarning,
+    NoFreeGpuError,
+    auto_num_workers,
+    claim,
+    discover_gpus,
+)
+from pytest_modelbench.serving.smoke import SMOKE_MODEL_NAME, build_smoke_model
+from pytest_modelbench.serving.vllm import VllmEngine, VllmServer
+
+ENGINES: dict[str, Engine] = {"vllm": VllmEngine()}
+
+__all__ = [
+    "ENGINES",
+    "SMOKE_MODEL_NAME",
+    "Engine",
+    "EngineNotInstalledError",
+    "GpuClaim",
+    "GpuWarning",
+    "LaunchSpec",
+    "NoFreeGpuError",
+    "ServerHandle",
+    "ServerStartError",
+    "ServingError",
+    "VllmEngine",
+    "VllmServer",
+    "auto_num_workers",
+    "build_smoke_model",
+    "claim",
+    "discover_gpus",
+]

@@ -1,0 +1,556 @@
+"""Which GPUs this process may use, and host-local claims so that no two workers share one.
+
+Discovery is a chain of small providers, first answer wins: ``--gpus`` → the caller's
+``CUDA_VISIBLE_DEVICES`` → the hardware probe (``nvidia-smi``, or the fake one named by
+``MODELBENCH_FAKE_GPUS`` / passed in by tests) → none. Each returns a list or ``None``
+("no opinion"); a malformed environment variable warns and is ignored. Whatever the source,
+a GPU outside the caller's ``CUDA_VISIBLE_DEVICES`` is never used, and GPUs whose memory is
+already in use by another process are skipped with a warning.
+
+Claims are ``flock`` locks on files in a host-local directory (default
+``$TMPDIR/modelbench-gpu-locks``), so xdist workers and separate pytest sessions on one node
+never take the same GPU; the kernel drops a lock when its process dies, even by SIGKILL.
+GPU ids are physical (as ``nvidia-smi`` numbers them, or ``GPU-<uuid>``) everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+from pytest_modelbench.serving.base import ServingError
+
+__all__ = [
+    "BUSY_ENV",
+    "DEFAULT_BUSY_MIB",
+    "FAKE_ENV",
+    "FakeGpuProvider",
+    "Gpu",
+    "GpuClaim",
+    "GpuInventory",
+    "GpuProvider",
+    "GpuSpecError",
+    "GpuWarning",
+    "NoFreeGpuError",
+    "NvidiaSmiProvider",
+    "auto_num_workers",
+    "claim",
+    "default_lock_dir",
+    "discover_gpus",
+    "parse_gpu_list",
+    "tensor_parallel_warning",
+    "warn_if_tensor_parallel",
+]
+
+FAKE_ENV = "MODELBENCH_FAKE_GPUS"  # "0:0,1:0,2:30000" = index:MiB-in-use (tests, dry runs)
+BUSY_ENV = "MODELBENCH_GPU_BUSY_MIB"
+DEFAULT_BUSY_MIB = 1024  # an idle GPU shows a few MiB; a loaded model, gigabytes
+_GPU_ID = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Za-z/_-]+)$")
+_NONE_WORDS = frozenset({"", "none", "cpu", "-1", "nodevfiles"})
+
+
+class GpuWarning(UserWarning):
+    """A GPU setting was ignored or a GPU was skipped; the message says which and why."""
+
+
+class GpuSpecError(ValueError):
+    """A malformed GPU list given explicitly (``--gpus``)."""
+
+
+class NoFreeGpuError(ServingError):
+    """GPUs exist, but not enough of them are free for one server."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU: its id as ``CUDA_VISIBLE_DEVICES`` takes it, and memory in use."""
+
+    id: str
+    memory_used_mib: int | None = None  # None: unknown (treated as free)
+    uuid: str | None = None
+
+    def matches(self, other_id: str) -> bool:
+        return other_id in (self.id, self.uuid)
+
+
+class GpuProvider(Protocol):
+    """One link of the discovery chain: the GPUs it knows of, or ``None`` for "no opinion"."""
+
+    name: str
+
+    def gpus(self) -> list[Gpu] | None: ...
+
+
+def parse_gpu_list(text: str, source: str) -> list[str]:
+    """``"0,1,3"`` → ``["0", "1", "3"]``; ``""``/``none``/``-1`` → ``[]``; else GpuSpecError."""
+    if text.strip().lower() in _NONE_WORDS:
+        return []
+    ids: list[str] = []
+    for token in (t.strip() for t in text.split(",")):
+        if not _GPU_ID.match(token):
+            raise GpuSpecError(
+                f"{source}={text!r}: {token!r} is not a GPU index or GPU-<uuid>; "
+                "expected a comma-separated list such as 0,1,3 (or 'none' for no GPU)"
+            )
+        if token not in ids:
+            ids.append(token)
+    return ids
+
+
+@dataclass
+class OptionProvider:
+    """``--gpus 0,1,3``: an explicit choice. Malformed → :class:`GpuSpecError` (a usage error)."""
+
+    value: str | None
+    name: str = "--gpus"
+
+    def gpus(self) -> list[Gpu] | None:
+        if self.value is None:
+            return None
+        return [Gpu(i) for i in parse_gpu_list(self.value, "--gpus")]
+
+
+@dataclass
+class VisibleDevicesProvider:
+    """The caller's ``CUDA_VISIBLE_DEVICES``: both a source and an upper bound."""
+
+    environ: Mapping[str, str]
+    name: str = "CUDA_VISIBLE_DEVICES"
+    _parsed: tuple[list[Gpu] | None] | None = field(default=None, repr=False)
+
+    def gpus(self) -> list[Gpu] | None:
+        if self._parsed is None:  # parse (and warn) once, however often asked
+            self._parsed = (self._parse(),)
+        found = self._parsed[0]
+        return None if found is None else list(found)
+
+    def _parse(self) -> list[Gpu] | None:
+        value = self.environ.get("CUDA_VISIBLE_DEVICES")
+        if value is None:
+            return None
+        try:
+            return [Gpu(i) for i in parse_gpu_list(value, "CUDA_VISIBLE_DEVICES")]
+        except GpuSpecError as exc:
+            warnings.warn(GpuWarning(f"{exc}; ignoring CUDA_VISIBLE_DEVICES"), stacklevel=4)
+            return None
+
+
+@dataclass
+class FakeGpuProvider:
+    """A pretend machine for tests: ``FakeGpuProvider.from_spec("0:0,1:0,2:30000")``."""
+
+    fake: Sequence[Gpu]
+    name: str = "fake"
+
+    @classmethod
+    def from_spec(cls, spec: str) -> FakeGpuProvider:
+        """``index[:MiB-in-use]`` items, comma-separated; ValueError when malformed."""
+        gpus = []
+        for item in (t.strip() for t in spec.split(",") if t.strip()):
+            index, _, used = item.partition(":")
+            if not _GPU_ID.match(index) or (used and not used.isdigit()):
+                raise ValueError(
+                    f"{FAKE_ENV}={spec!r}: bad item {item!r} (want index:MiB, e.g. 0:0)"
+                )
+            gpus.append(Gpu(index, int(used) if used else 0))
+        return cls(gpus)
+
+    def gpus(self) -> list[Gpu] | None:
+        return list(self.fake)
+
+
+@dataclass
+class NvidiaSmiProvider:
+    """``nvidia-smi --query-gpu=index,uuid,memory.used``; ``None`` without an NVIDIA driver."""
+
+    executable: str = "nvidia-smi"
+    timeout_s: float = 20.0
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+    name: str = "nvidia-smi"
+
+    def gpus(self) -> list[Gpu] | None:
+        exe = shutil.which(self.executable)
+        if exe is None:
+            return None
+        cmd = [exe, "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"]
+        try:
+            proc = self.run(
+                cmd, capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            warnings.warn(GpuWarning(f"nvidia-smi failed ({exc}); assuming no GPUs"), stacklevel=2)
+            return None
+        if proc.returncode != 0:
+            why = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            warnings.warn(
+                GpuWarning(
+                    f"nvidia-smi exited with {proc.returncode} ({why[0]}); assuming no GPUs"
+                ),
+                stacklevel=2,
+            )
+            return None
+        return self.parse(proc.stdout)
+
+    @staticmethod
+    def parse(text: str) -> list[Gpu] | None:
+        gpus = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != 3 or not parts[0].isdigit():
+                warnings.warn(
+                    GpuWarning(f"unexpected nvidia-smi line {line!r}; ignored"), stacklevel=2
+                )
+                return None
+            used = int(parts[2]) if parts[2].isdigit() else None  # "[N/A]" on some MIG setups
+            gpus.append(Gpu(parts[0], used, parts[1] or None))
+        return gpus
+
+
+@dataclass
+class NoGpuProvider:
+    """The end of the chain: no GPU, serve on the CPU (or use endpoints only)."""
+
+    name: str = "none"
+
+    def gpus(self) -> list[Gpu] | None:
+        return []
+
+
+def hardware_provider(environ: Mapping[str, str]) -> GpuProvider | None:
+    """The fake provider when ``MODELBENCH_FAKE_GPUS`` is set (and valid), else None."""
+    spec = environ.get(FAKE_ENV)
+    if spec is None:
+        return None
+    try:
+        return FakeGpuProvider.from_spec(spec)
+    except ValueError as exc:
+        warnings.warn(GpuWarning(f"{exc}; ignored"), stacklevel=2)
+        return None
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """The candidate GPUs (inside the caller's CUDA_VISIBLE_DEVICES) and who named them."""
+
+    gpus: tuple[Gpu, ...]
+    source: str
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(g.id for g in self.gpus)
+
+
+def discover_gpus(
+    option: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    probe: GpuProvider | None = None,
+) -> GpuInventory:
+    """Walk the provider chain; restrict to the caller's CUDA_VISIBLE_DEVICES; add memory use."""
+    environ = os.environ if environ is None else environ
+    probe = probe or hardware_provider(environ) or NvidiaSmiProvider()
+    visible = VisibleDevicesProvider(environ)
+    chain: list[GpuProvider] = [OptionProvider(option), visible, probe, NoGpuProvider()]
+    found: list[Gpu] = []
+    source = "none"
+    probed: list[Gpu] | None = None
+    for provider in chain:
+        got = provider.gpus()
+        if got is not None:
+            found, source = got, provider.name
+            if provider is probe:
+                probed = got
+            break
+    allowed = visible.gpus() if source != visible.name else None
+    if allowed is not None:
+        outside = [g.id for g in found if not _within(g, allowed)]
+        if outside:
+            warnings.warn(
+                GpuWarning(
+                    f"GPU(s) {','.join(outside)} from {source} are outside the caller's "
+                    f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', '')}; not used"
+                ),
+                stacklevel=2,
+            )
+        found = [g for g in found if g.id not in outside]
+    if found and probed is None and any(g.memory_used_mib is None for g in found):
+        probed = probe.gpus() or []
+        found = [_with_usage(g, probed) for g in found]
+    return GpuInventory(tuple(found), source)
+
+
+def _within(gpu: Gpu, allowed: Sequence[Gpu]) -> bool:
+    return any(a.matches(gpu.id) or gpu.matches(a.id) for a in allowed)
+
+
+def _with_usage(gpu: Gpu, probed: Sequence[Gpu]) -> Gpu:
+    for known in probed:
+        if known.matches(gpu.id):
+            return replace(gpu, memory_used_mib=known.memory_used_mib, uuid=known.uuid)
+    return gpu
+
+
+def busy_threshold(environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    value = environ.get(BUSY_ENV)
+    if value is None:
+        return DEFAULT_BUSY_MIB
+    if value.strip().isdigit():
+        return int(value)
+    warnings.warn(
+        GpuWarning(f"{BUSY_ENV}={value!r} is not a whole number of MiB; using {DEFAULT_BUSY_MIB}"),
+        stacklevel=2,
+    )
+    return DEFAULT_BUSY_MIB
+
+
+def _busy(gpu: Gpu, busy_mib: int) -> bool:
+    return gpu.memory_used_mib is not None and gpu.memory_used_mib > busy_mib
+
+
+def _warn_busy(gpu: Gpu, busy_mib: int) -> None:
+    warnings.warn(
+        GpuWarning(
+            f"GPU {gpu.id} is busy: {gpu.memory_used_mib} MiB in use by another process "
+            f"(threshold {busy_mib} MiB, {BUSY_ENV}); skipped. Free it, or choose GPUs with --gpus"
+        ),
+        stacklevel=3,
+    )
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def default_lock_dir() -> Path:
+    """Host-local and shared by all users of the node (sticky, world-writable like /tmp)."""
+    return Path(tempfile.gettempdir()) / "modelbench-gpu-locks"
+
+
+class _GpuLock:
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
+def _lock_path(lock_dir: Path, gpu_id: str) -> Path:
+    return lock_dir / f"gpu-{re.sub(r'[^0-9A-Za-z._-]', '_', gpu_id)}.lock"
+
+
+def _ensure_lock_dir(lock_dir: Path) -> None:
+    try:
+        lock_dir.mkdir(parents=True)
+    except FileExistsError:
+        return
+    with contextlib.suppress(OSError):  # other users' sessions must be able to lock here too
+        os.chmod(lock_dir, 0o1777)
+
+
+def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
+    path = _lock_path(lock_dir, gpu_id)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        writable = True
+    except PermissionError:  # another user's lock file: flock works read-only too
+        fd = os.open(path, os.O_RDONLY)
+        writable = False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    if writable:
+        note = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%FT%T')}\n"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, note.encode(), 0)
+    return _GpuLock(path, fd)
+
+
+def _holder(lock_dir: Path, gpu_id: str) -> str:
+    try:
+        text = _lock_path(lock_dir, gpu_id).read_text().strip()
+    except OSError:
+        return ""
+    return f" ({text})" if text else ""
+
+
+@dataclass
+class GpuClaim:
+    """GPUs this process holds until :meth:`release` (or its exit). Empty = serve on CPU."""
+
+    gpus: tuple[str, ...]
+    source: str = "none"
+    _locks: list[_GpuLock] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def cpu(self) -> bool:
+        return not self.gpus
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(self.gpus)
+
+    def release(self) -> None:
+        locks, self._locks = self._locks, []
+        for lock in locks:
+            lock.release()
+
+    def __enter__(self) -> GpuClaim:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def claim(
+    n_per_server: int,
+    lock_dir: Path | None = None,
+    *,
+    option: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    probe: GpuProvider | None = None,
+    busy_mib: int | None = None,
+    wait_s: float = 0.0,
+) -> GpuClaim:
+    """Lock ``n_per_server`` free GPUs for this process.
+
+    Returns an empty (CPU) claim when the host has no GPU at all; raises
+    :class:`NoFreeGpuError` when GPUs exist but fewer than ``n_per_server`` are free within
+    ``wait_s`` seconds (claimed by another worker/session, or busy).
+    """
+    if n_per_server < 1:
+        raise ValueError(f"serve.gpus must be at least 1 to claim GPUs, got {n_per_server}")
+    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    busy_mib = busy_threshold(environ) if busy_mib is None else busy_mib
+    end = time.monotonic() + wait_s
+    warned: set[str] = set()
+    while True:
+        inventory = discover_gpus(option, environ=environ, probe=probe)
+        if not inventory.gpus:
+            return GpuClaim((), inventory.source)
+        if n_per_server > 1:
+            warn_if_tensor_parallel(n_per_server)
+        _ensure_lock_dir(lock_dir)
+        held: list[tuple[Gpu, _GpuLock]] = []
+        taken: list[str] = []
+        busy: list[str] = []
+        for gpu in inventory.gpus:
+            lock = _try_lock(lock_dir, gpu.id)
+            if lock is None:
+                taken.append(gpu.id)
+                continue
+            if _busy(gpu, busy_mib):
+                lock.release()
+                busy.append(gpu.id)
+                if gpu.id not in warned:
+                    warned.add(gpu.id)
+                    _warn_busy(gpu, busy_mib)
+                continue
+            held.append((gpu, lock))
+            if len(held) == n_per_server:
+                return GpuClaim(
+                    tuple(g.id for g, _ in held), inventory.source, [lk for _, lk in held]
+                )
+        for _, lock in held:
+            lock.release()
+        if time.monotonic() >= end:
+            raise NoFreeGpuError(
+                _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib)
+            )
+        time.sleep(min(2.0, max(0.05, end - time.monotonic())))
+
+
+def _no_free_message(
+    n: int,
+    inventory: GpuInventory,
+    taken: list[str],
+    busy: list[str],
+    lock_dir: Path,
+    busy_mib: int,
+) -> str:
+    parts = [
+        f"need {n} free GPU(s) for one server, found {len(inventory.gpus) - len(taken) - len(busy)}"
+    ]
+    parts.append(f"candidates {','.join(inventory.ids)} (from {inventory.source})")
+    if taken:
+        holders = "; ".join(f"{g}{_holder(lock_dir, g)}" for g in taken)
+        parts.append(
+            f"claimed by other modelbench workers/sessions: {holders} (locks in {lock_dir})"
+        )
+    if busy:
+        parts.append(f"busy (> {busy_mib} MiB in use): {','.join(busy)}")
+    parts.append("use fewer xdist workers (-n), free GPUs, or pick them with --gpus")
+    return "; ".join(parts)
+
+
+def auto_num_workers(
+    gpus_per_server: int = 1,
+    lock_dir: Path | None = None,
+    *,
+    option: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    probe: GpuProvider | None = None,
+    busy_mib: int | None = None,
+) -> int:
+    """Workers for ``-n auto``: one per group of free, unclaimed GPUs; 1 when there are none."""
+    if gpus_per_server < 1:
+        return 1
+    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    busy_mib = busy_threshold(environ) if busy_mib is None else busy_mib
+    inventory = discover_gpus(option, environ=environ, probe=probe)
+    free = 0
+    for gpu in inventory.gpus:
+        if _busy(gpu, busy_mib):
+            _warn_busy(gpu, busy_mib)
+            continue
+        if lock_dir.is_dir():
+            lock = _try_lock(lock_dir, gpu.id)
+            if lock is None:
+                continue
+            lock.release()
+        free += 1
+    return max(1, free // gpus_per_server)
+
+
+def tensor_parallel_warning(gpus_per_server: int) -> str | None:
+    if gpus_per_server <= 1:
+        return None
+    return (
+        f"serve.gpus: {gpus_per_server} runs every server with tensor parallel size "
+        f"{gpus_per_server}. For a model that fits on one GPU this changes results (a different "
+        f"reduction order, so different greedy outputs) and is usually slower than "
+        f"{gpus_per_server} servers of 1 GPU each; use serve.gpus: 1 unless the model does not fit"
+    )
+
+
+def warn_if_tensor_parallel(gpus_per_server: int) -> None:
+    message = tensor_parallel_warning(gpus_per_server)
+    if message:
+        warnings.warn(GpuWarning(message), stacklevel=3)

@@ -1,0 +1,333 @@
+"""A server child process in its own process group, with a log file, a health wait and a watchdog.
+
+Engine-independent: :class:`ServerProcess` starts whatever command it is given on a free
+loopback port, appends its output to a log file, waits until a readiness probe passes, and
+stops the *whole process group* (SIGTERM, then SIGKILL). A watchdog process
+(:mod:`pytest_modelbench.serving.watchdog`) kills the group if this process dies without
+stopping it, e.g. when pytest is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from pytest_modelbench.serving.base import ServerStartError
+
+__all__ = [
+    "ServerProcess",
+    "free_port",
+    "group_members",
+    "http_get",
+    "log_tail",
+    "terminate_group",
+]
+
+LOG_TAIL_LINES = 40
+_PORT_IN_USE = ("Address already in use", "[Errno 98]", "address already in use")
+
+# Probes must reach 127.0.0.1 directly even when the user has HTTP(S)_PROXY set.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free right now (the OS picks it); the server binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Could a server bind ``port`` now? (SO_REUSEADDR, as servers set it: TIME_WAIT is fine.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
+    """``(status, body)`` of a GET, or None when nothing answers."""
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a log file (empty string if it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: all we can tell is whether the group exists
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            return [pgid]
+        return [pgid]
+    members = []
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat"), "rb") as fh:
+                stat = fh.read().decode("ascii", errors="replace")
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            members.append(int(entry.name))
+    return members
+
+
+def terminate_group(
+    pgid: int, grace_s: float = 15.0, leader: subprocess.Popen[bytes] | None = None
+) -> None:
+    """SIGTERM the process group, wait up to ``grace_s`` for it to empty, then SIGKILL it."""
+
+    def gone() -> bool:
+        if leader is not None and leader.poll() is None:
+            return False
+        return not group_members(pgid)
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        except PermissionError:  # pragma: no cover - the group was reused by someone else
+            break
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            if gone():
+                return
+            time.sleep(0.05)
+    if leader is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable (D state)
+            leader.wait(timeout=1.0)
+
+
+ReadyProbe = Callable[[str], bool]
+
+
+def health_probe(root_url: str) -> bool:
+    """Ready when ``GET /health`` answers 200."""
+    result = http_get(f"{root_url}/health")
+    return result is not None and result[0] == 200
+
+
+class ServerProcess:
+    """One HTTP server in a new process group on 127.0.0.1, followed by a watchdog."""
+
+    def __init__(
+        self,
+        argv_for_port: Callable[[int], Sequence[str]],
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        ready: ReadyProbe = health_probe,
+        label: str = "server",
+        host: str = "127.0.0.1",
+        stop_grace_s: float = 15.0,
+        watchdog: bool = True,
+        poll_interval_s: float = 0.25,
+    ) -> None:
+        self._argv_for_port = argv_for_port
+        self.env = dict(env)
+        self.log_path = Path(log_path)
+        self._ready = ready
+        self.label = label
+        self.host = host
+        self.stop_grace_s = stop_grace_s
+        self._use_watchdog = watchdog
+        self._poll_s = poll_interval_s
+        self.port: int | None = None
+        self.argv: list[str] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    # -- public -------------------------------------------------------------------------
+
+    @property
+    def root_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self.label} has not been started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        """The server's process group id (equal to its pid: it leads a new session)."""
+        return self.pid
+
+    @property
+    def watchdog_pid(self) -> int | None:
+        return self._watchdog.pid if self._watchdog is not None else None
+
+    def command_line(self) -> str:
+        """The last command, as a copy-pasteable shell line (with the variables that matter)."""
+        shown = {k: v for k, v in self.env.items() if _shown_env(k) and os.environ.get(k) != v}
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items()))
+        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+
+    def start(self, deadline_s: float, port: int | None = None) -> None:
+        """Start and wait up to ``deadline_s`` seconds until ready; on failure stop and raise."""
+        if self.is_alive():
+            raise RuntimeError(f"{self.label} is already running (pid {self.pid})")
+        tries = 2  # a lost race for the port is retried once, on a fresh free port
+        for attempt in range(tries):
+            self.port = port if port is not None and attempt == 0 else free_port(self.host)
+            try:
+                self._launch()
+                self._wait_ready(deadline_s)
+                return
+            except ServerStartError:
+                port_lost = any(s in log_tail(self.log_path, 15) for s in _PORT_IN_USE)
+                if not (port_lost and attempt + 1 < tries):
+                    raise
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def is_ready(self) -> bool:
+        return self.is_alive() and self._ready(self.root_url)
+
+    def stop(self) -> None:
+        """Stop the whole process group (idempotent); then the watchdog."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            terminate_group(proc.pid, self.stop_grace_s, leader=proc)
+            self._note(f"stopped (exit code {proc.poll()})")
+        self._stop_watchdog()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _launch(self) -> None:
+        assert self.port is not None
+        self.argv = [str(a) for a in self._argv_for_port(self.port)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._note(f"starting: {self.command_line()}")
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: stop() kills all of it
+                close_fds=True,
+            )
+        if self._use_watchdog:
+            self._start_watchdog(self._proc.pid)
+
+    def _wait_ready(self, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        while True:
+            code = self.returncode()
+            if code is not None:
+                self.stop()
+                raise self._failure(f"exited with code {code} while starting")
+            if self._ready(self.root_url):
+                self._note(f"ready at {self.root_url}")
+                return
+            if time.monotonic() >= end:
+                self.stop()
+                raise self._failure(f"was not healthy after {deadline_s:g} s; stopped it")
+            time.sleep(self._poll_s)
+
+    def _failure(self, what: str) -> ServerStartError:
+        tail = log_tail(self.log_path)
+        indented = "\n".join("    " + line for line in tail.splitlines()) or "    (empty)"
+        return ServerStartError(
+            f"{self.label} {what}.\n"
+            f"  command: {self.command_line()}\n"
+            f"  log: {self.log_path} (last {LOG_TAIL_LINES} lines):\n{indented}"
+        )
+
+    def _start_watchdog(self, pgid: int) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest_modelbench.serving.watchdog",
+            str(os.getpid()),
+            str(pgid),
+            "--grace",
+            str(self.stop_grace_s),
+        ]
+        with open(self.log_path, "ab") as log:
+            self._watchdog = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survives Ctrl-C aimed at pytest's group
+                close_fds=True,
+                env=_watchdog_env(),
+            )
+
+    def _stop_watchdog(self) -> None:
+        dog, self._watchdog = self._watchdog, None
+        if dog is None:
+            return
+        if dog.poll() is None:
+            dog.terminate()  # SIGTERM: the watchdog exits without touching the server group
+        try:
+            dog.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:  # pragma: no cover - defensive
+            dog.kill()
+            dog.wait()
+
+    def _note(self, message: str) -> None:
+        """A modelbench line in the server log, so restarts and stops are visible there."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            log.write(f"[modelbench {stamp}] {self.label}: {message}\n")
+
+
+def _shown_env(name: str) -> bool:
+    return name.startswith(("CUDA_", "VLLM_", "HF_", "TRANSFORMERS_", "OMP_"))
+
+
+def _watchdog_env() -> dict[str, str]:
+    """The watchdog imports this package: make sure it can, even from a source checkout."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = package_root + (os.pathsep + existing if existing else "")
+    return env
