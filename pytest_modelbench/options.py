@@ -35,6 +35,8 @@ _OPTIONS: list[tuple[str, str, str, str]] = [
     ("--gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)", "str"),
     ("--mb-error-budget", "error_budget", "fraction of examples allowed to error (default 0.05)", "float"),
     ("--mb-correction", "correction", "multiple-comparison correction across gated items: none|holm", "str"),
+    ("--mb-dist", "dist", "xdist scheduling of benchmark items: modelbench (keep each worker on its "
+     "model, longest items first; default with --model) or off (xdist's --dist)", "str"),
 ]
 
 INI_CONFIG_DIR = "modelbench_configs"

@@ -57,7 +57,7 @@ def smoke_model_spec() -> ModelSpec:
             "max_concurrent": 8,
             "timeout": 300,
             "sampling_args": {"temperature": 0.0, "max_tokens": 32},
-            "serve": {"engine": "vllm", "gpus": 1, "args": {"max_model_len": 1024, "seed": 42}},
+            "serve": {"engine": "vllm", "gpus": 1, "args": {"seed": 42}},
         }
     )
 

@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench import hookspecs
+from pytest_modelbench import hookspecs, scheduling
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.options import RunOptions, add_options
+from pytest_modelbench.reporting.options import add_report_options
+from pytest_modelbench.reporting.writer import register as register_reports
 from pytest_modelbench.result import EvalResult
+from pytest_modelbench.resume import register as register_resume
 from pytest_modelbench.session import SESSION_KEY, ModelbenchSession
 
 
@@ -25,6 +28,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+    add_report_options(parser)  # --mb-progress, --mb-report-examples, --mb-no-reports
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     session = ModelbenchSession(config, options)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "modelbench-session")
+    register_reports(config)  # live progress, pytest-html columns, run-directory reports
+    scheduling.register(config)  # model-affinity xdist scheduler (--mb-dist)
+    register_resume(config)  # crash-proof --lf, item duration memory, --restart check
 
 
 @pytest.hookimpl(trylast=True)
@@ -68,3 +75,22 @@ def mb_eval(request: pytest.FixtureRequest, mb_item: Any) -> Iterator[EvalResult
         session.record_error(request.node, mb_item, str(exc))
         pytest.fail(str(exc), pytrace=False)
     yield result
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per free GPU group when this session serves models itself."""
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.active:
+        return None
+    try:
+        items = session.plan.items
+    except ModelbenchUsageError:
+        return None
+    served = [i for i in items if not i.model.api_base_url]
+    if not served:
+        return None
+    from pytest_modelbench.serving.gpus import auto_num_workers
+
+    per_server = max((i.model.serve.gpus if i.model.serve else 1) for i in served)
+    return auto_num_workers(max(1, per_server))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
-from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean, one_of
 from pytest_modelbench.options import RunOptions
 from pytest_modelbench.plan import Plan, PlannedItem, build_plan
 from pytest_modelbench.result import EvalResult
@@ -92,8 +92,8 @@ class ModelbenchSession:
         parent = parent if parent.is_absolute() else base / parent
         if self.options.run_id:
             return parent / self.options.run_id
-        if self.options.auto_resume and not self.options.restart:
-            latest = find_latest_run(parent, self.plan.run_name)
+        if self.options.auto_resume:  # with --restart OLD: the latest run seeded from OLD
+            latest = find_latest_run(parent, self.plan.run_name, restart_from=self.options.restart)
             if latest is not None:
                 return latest
         return parent / new_run_id(parent, self.plan.run_name)
@@ -151,8 +151,14 @@ class ModelbenchSession:
 
             store = RunStore(self.run_dir)
             store.init(run_name=self.plan.run_name, versions=versions())
-            endpoints = EndpointManager(self.run_dir)
-            self._evaluator = ItemEvaluator(self.options, store, endpoints, self.backend_for)
+            from pytest_modelbench.servers import ServerPool
+
+            serving = ServerPool(self.run_dir, gpus_option=self.options.gpus)
+            endpoints = EndpointManager(self.run_dir, serving=serving)
+            from pytest_modelbench.progress import PROGRESS_SINK
+
+            self._evaluator = ItemEvaluator(self.options, store, endpoints, self.backend_for,
+                                            self.config.stash.get(PROGRESS_SINK, None))
         return self._evaluator
 
     def backend_for(self, module: str) -> Any:
@@ -173,7 +179,14 @@ class ModelbenchSession:
 
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
         """Evaluate (or load) the item, then gate it on its baseline."""
-        result: EvalResult = self.evaluator().evaluate(item)
+        evaluator = self.evaluator()
+        try:
+            result: EvalResult = evaluator.evaluate(item)
+        except EvaluationError:
+            serving = evaluator.endpoints.serving
+            if serving is None or not serving.recover(item):
+                raise
+            result = evaluator.evaluate(item)  # the restarted server continues from the journal
         verdict = self.baseline_book().verdict(result)
         deferred = self.options.correction == "holm" and verdict.p_value is not None
         result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
@@ -202,9 +215,14 @@ class ModelbenchSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
             return
-        from pytest_modelbench.terminal import write_markdown_summary, write_summary_table
+        from pytest_modelbench.terminal import (
+            write_markdown_summary,
+            write_recomputed,
+            write_summary_table,
+        )
 
         write_summary_table(terminalreporter, self.records, self._run_dir)
+        write_recomputed(terminalreporter, self.records)
         if self.holm_failures:
             terminalreporter.write_sep("=", "regressions after Holm correction", red=True)
             for message in self.holm_failures:

@@ -30,7 +30,7 @@ def test_known_accuracy_and_run_store(project: Project, sim: Any) -> None:
     result.stdout.fnmatch_lines([
         "*modelbench summary*",
         "model*variant*seed*metric*score*95% CI*n*errors*baseline*verdict",
-        "alpha*qa*0*exact_match*0.*1000*0*passed",
+        "alpha*qa*0*exact_match*0.*1000*0*no baseline",
         "run store: *runs*run-*",
     ])
     (run_dir,) = project.run_dirs()
@@ -121,7 +121,7 @@ def test_rerun_reports_from_store_without_requests(project: Project, sim: Any) -
     server.clear_log()
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha,beta")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*passed (from store)*"])
+    result.stdout.fnmatch_lines(["*no baseline (from store)*"])
     assert server.requests == []
 
 
@@ -131,7 +131,7 @@ def test_xdist_workers_share_one_consistent_manifest(project: Project, sim: Any)
     project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}, "seeds": [0, 1, 2, 3]}])
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha,beta", "-n", "2")
     result.assert_outcomes(passed=8)
-    result.stdout.fnmatch_lines(["*modelbench summary*", "beta*qa*3*exact_match*passed"])
+    result.stdout.fnmatch_lines(["*modelbench summary*", "beta*qa*3*exact_match*no baseline"])
     (run_dir,) = project.run_dirs()
     manifest = json.loads((run_dir / "run_manifest.json").read_text())
     assert sorted(manifest["items"]) == sorted(f"{m}-qa-seed{s}" for m in ("alpha", "beta") for s in range(4))

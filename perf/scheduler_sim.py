@@ -1,0 +1,320 @@
+"""Scheduling benchmark items over xdist workers, simulated: server starts and makespan.
+
+Each scenario is a list of items with known costs (seconds) on 3 models, collected in plan
+order (model, then variant, then seed) and run by 8 simulated workers. A worker behaves like
+xdist's worker loop (``xdist/remote.py``): it starts an item only while it holds the next
+one too (or after ``shutdown``), a ``steal`` takes back only items still in its queue, and
+every change of model on a worker restarts the server (``START_S`` seconds). The schedulers
+are the real classes: xdist's ``LoadScheduling`` (the default ``--dist load``: chunks in
+collection order) and ``WorkStealingScheduling``, and modelbench's
+``ModelAffinityScheduling``; the controller reacts to events as ``DSession`` does
+(including its ``triggershutdown`` once ``tests_finished``).
+
+The lower bound is max(total / workers, largest item); every worker must also start at
+least one server, so no schedule reaches it exactly.
+
+Run ``python perf/scheduler_sim.py`` for the Markdown table (PERFORMANCE.md);
+``tests/scheduler/test_simulation.py`` imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from xdist.remote import Producer
+from xdist.scheduler import LoadScheduling, WorkStealingScheduling
+
+from pytest_modelbench.scheduling.costs import TableCosts
+from pytest_modelbench.scheduling.dist import ModelAffinityScheduling
+
+WORKERS = 8
+START_S = 90.0  # a vLLM server start
+MODELS = ("llama-8b", "qwen-14b", "mistral-7b")
+SPEED = {"llama-8b": 1.0, "qwen-14b": 1.7, "mistral-7b": 0.8}  # relative seconds per example
+SHUTDOWN = object()
+QUIET = Producer("sim", enabled=False)
+Maker = Callable[[Any, Callable[[], float]], Any]  # (config, clock) -> scheduler
+
+
+@dataclass(frozen=True)
+class SimItem:
+    nodeid: str
+    model: str | None
+    cost: float  # true seconds
+    estimate: float  # what the scheduler is told
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    items: tuple[SimItem, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(item.cost for item in self.items)
+
+    def bound(self, workers: int) -> float:
+        return max(self.total / workers, max(item.cost for item in self.items))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    scenario: str
+    scheduler: str
+    starts: int
+    makespan: float
+    bound: float
+    events: int
+    controller_s: float  # wall time spent inside the scheduler
+
+    @property
+    def ratio(self) -> float:
+        return self.makespan / self.bound
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+def _items(
+    rng: random.Random,
+    variants: dict[str, int],
+    seeds: int,
+    median_s: float,
+    sigma: float,
+    noise: float = 0.0,
+) -> tuple[SimItem, ...]:
+    base = {
+        f"env{v}": rng.lognormvariate(math.log(median_s), sigma)
+        for v in range(max(variants.values()))
+    }
+    items = []
+    for model in MODELS:
+        for v in range(variants[model]):
+            for seed in range(seeds):
+                cost = base[f"env{v}"] * SPEED[model] * rng.uniform(0.9, 1.1)
+                estimate = cost * (rng.lognormvariate(0.0, noise) if noise else 1.0)
+                nodeid = f"benchmarks/test_models.py::test_benchmark[{model}-env{v}-seed{seed}]"
+                items.append(SimItem(nodeid, model, cost, estimate))
+    return tuple(items)
+
+
+def scenarios(seed: int = 0) -> list[Scenario]:
+    rng = random.Random(seed)
+    even = {m: 12 for m in MODELS}
+    skewed = {"llama-8b": 24, "qwen-14b": 6, "mistral-7b": 4}
+    heavy = list(_items(rng, even, 3, 240.0, 0.8))
+    heavy[5] = SimItem(heavy[5].nodeid, heavy[5].model, 3.0 * 3600, 3.0 * 3600)  # one long item
+    return [
+        Scenario("3 models x 12 variants x 3 seeds", _items(rng, even, 3, 300.0, 1.0)),
+        Scenario("skewed: 24 / 6 / 4 variants", _items(rng, skewed, 3, 300.0, 1.0)),
+        Scenario("one 3 h item among 108", tuple(heavy)),
+        Scenario("estimates off by x/÷ 1.6 (σ=0.5)", _items(rng, even, 3, 300.0, 1.0, noise=0.5)),
+        Scenario(
+            "10k short items (3 x 3334, ~20 s)",
+            _items(rng, {m: 3334 for m in MODELS}, 1, 20.0, 0.6),
+        ),
+    ]
+
+
+# -- simulated xdist -----------------------------------------------------------------------------
+class SimNode:
+    """A worker as xdist's controller sees it, running xdist's worker loop in simulated time."""
+
+    def __init__(self, sim: Simulation, name: str) -> None:
+        self.sim = sim
+        self.gateway = SimpleNamespace(id=name)
+        self.torun: deque[Any] = deque()
+        self.next: Any = None  # pulled from the queue: the item to run after the current one
+        self.running: int | None = None
+        self.done = False
+        self.shutdown_sent = False
+        self.server: str | None = None
+        self.starts = 0
+        self.steals = [0, 0]  # asked, granted
+        self.sends = 0
+        self.ran: list[tuple[float, int]] = []
+
+    def __repr__(self) -> str:
+        return f"<SimNode {self.gateway.id}>"
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.shutdown_sent or self.done
+
+    # commands from the controller
+    def send_runtest_some(self, indices: Sequence[int]) -> None:
+        self.sends += 1
+        self.torun.extend(indices)
+        self.advance()
+
+    def send_steal(self, indices: Sequence[int]) -> None:
+        wanted = set(indices)
+        stolen = [i for i in self.torun if i in wanted]
+        self.steals[0] += 1
+        if len(stolen) == len(wanted):
+            self.torun = deque(i for i in self.torun if i not in wanted)
+            self.steals[1] += 1
+        else:
+            stolen = []
+        self.sim.post(0.0, "unscheduled", self, stolen)
+
+    def shutdown(self) -> None:
+        if not self.done:
+            self.torun.append(SHUTDOWN)
+            self.shutdown_sent = True
+            self.advance()
+
+    # the worker loop (xdist/remote.py: pytest_runtestloop + run_one_test)
+    def advance(self) -> None:
+        if self.running is not None or self.done:
+            return
+        if self.next is None:
+            if not self.torun:
+                return
+            self.next = self.torun.popleft()
+        if self.next is SHUTDOWN:
+            self.done = True
+            self.sim.post(0.0, "finished", self, None)
+            return
+        if not self.torun:
+            return  # holds one item: waits for the next one (or shutdown) before running it
+        index, self.next = self.next, self.torun.popleft()
+        item = self.sim.items[index]
+        duration = item.cost
+        if item.model is not None and item.model != self.server:
+            self.server = item.model
+            self.starts += 1
+            duration += START_S
+        self.running = index
+        self.ran.append((self.sim.now, index))
+        self.sim.post(duration, "complete", self, (index, duration))
+
+    def complete(self) -> None:
+        self.running = None
+
+
+class Simulation:
+    def __init__(self, items: Sequence[SimItem], make: Maker, workers: int) -> None:
+        self.items = list(items)
+        self.now = 0.0
+        self._events: list[tuple[float, int, str, SimNode, Any]] = []
+        self._seq = 0
+        config = SimpleNamespace(
+            getvalue=lambda name: [f"{workers}*popen"] if name == "tx" else None,
+            getoption=lambda name, default=None: None,
+            hook=SimpleNamespace(pytest_collectreport=lambda report: None),
+        )
+        self.sched = make(config, lambda: self.now)
+        self.nodes = [SimNode(self, f"gw{i}") for i in range(workers)]
+        self.controller_s = 0.0
+        self.events = 0
+
+    def post(self, delay: float, kind: str, node: SimNode, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (self.now + delay, self._seq, kind, node, payload))
+
+    def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        started = time.perf_counter()
+        result = method(*args)
+        self.controller_s += time.perf_counter() - started
+        self.events += 1
+        return result
+
+    def run(self) -> float:
+        collection = [item.nodeid for item in self.items]
+        for node in self.nodes:
+            self._call(self.sched.add_node, node)
+        for node in self.nodes:
+            self._call(self.sched.add_node_collection, node, collection)
+        self._call(self.sched.schedule)
+        shutting_down = False
+        makespan = 0.0
+        while self._events:
+            self.now, _, kind, node, payload = heapq.heappop(self._events)
+            if kind == "complete":
+                index, duration = payload
+                makespan = max(makespan, self.now)
+                node.complete()
+                self._call(self.sched.mark_test_complete, node, index, duration)
+                node.advance()
+            elif kind == "unscheduled":
+                self._call(self.sched.remove_pending_tests_from_node, node, payload)
+            elif kind == "finished" and node in self.sched.nodes:
+                assert self._call(self.sched.remove_node, node) is None
+            if not shutting_down and self.sched.tests_finished:  # DSession.triggershutdown
+                shutting_down = True
+                for other in list(self.sched.nodes):
+                    other.shutdown()
+        ran = sorted(index for node in self.nodes for _, index in node.ran)
+        assert ran == list(range(len(self.items))), "every item runs exactly once"
+        return makespan
+
+
+def _modelbench(items: Sequence[SimItem]) -> Maker:
+    table = {item.nodeid: (item.model, item.estimate) for item in items}
+    starts = {model: START_S for model in MODELS}
+    return lambda config, clock: ModelAffinityScheduling(
+        config, QUIET, jobs=TableCosts(table, starts), clock=clock
+    )
+
+
+SCHEDULERS: dict[str, Callable[[Sequence[SimItem]], Maker]] = {
+    "xdist load": lambda items: lambda config, clock: LoadScheduling(config, QUIET),
+    "xdist worksteal": lambda items: lambda config, clock: WorkStealingScheduling(config, QUIET),
+    "modelbench": _modelbench,
+}
+
+
+def simulate(scenario: Scenario, scheduler: str, workers: int = WORKERS) -> Outcome:
+    sim = Simulation(scenario.items, SCHEDULERS[scheduler](scenario.items), workers)
+    makespan = sim.run()
+    return Outcome(
+        scenario.name,
+        scheduler,
+        sum(n.starts for n in sim.nodes),
+        makespan,
+        scenario.bound(workers),
+        sim.events,
+        sim.controller_s,
+    )
+
+
+def _hours(seconds: float) -> str:
+    return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    lines = [
+        "| scenario | scheduler | server starts | makespan | lower bound | makespan / bound "
+        "| controller µs/event |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for o in outcomes:
+        lines.append(
+            f"| {o.scenario} | {o.scheduler} | {o.starts} | {_hours(o.makespan)} | "
+            f"{_hours(o.bound)} | {o.ratio:.3f} | {1e6 * o.controller_s / max(o.events, 1):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    outcomes = [simulate(s, name) for s in scenarios(args.seed) for name in SCHEDULERS]
+    print(
+        f"{WORKERS} workers, 3 models, server start {START_S:.0f} s; lower bound = "
+        "max(total / workers, largest item)\n"
+    )
+    print(table(outcomes))
+
+
+if __name__ == "__main__":
+    main()

