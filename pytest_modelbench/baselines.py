@@ -25,8 +25,15 @@ from pytest_modelbench.store import Journal, safe_component
 class BaselineBook:
     """Reads baseline files on demand (a broken file fails only the items that need it)."""
 
-    def __init__(self, baseline_dir: Path, runs_parent: Path, *, require: bool = False,
-                 baseline_run: str | None = None, alpha: float = gates.DEFAULT_ALPHA) -> None:
+    def __init__(
+        self,
+        baseline_dir: Path,
+        runs_parent: Path,
+        *,
+        require: bool = False,
+        baseline_run: str | None = None,
+        alpha: float = gates.DEFAULT_ALPHA,
+    ) -> None:
         self.baseline_dir = baseline_dir
         self.runs_parent = runs_parent
         self.require = require
@@ -80,9 +87,13 @@ class BaselineBook:
                 f"{', '.join(result.summary.get('metrics', {})) or '(none)'}"
             )
         return gates.ScoreSummary(
-            metric=metric, value=float(value), n=int(entry.get("examples") or entry.get("n") or 0),
-            stderr=float(entry.get("stderr") or 0.0), ci_low=entry.get("ci_low"),
-            ci_high=entry.get("ci_high"), subject=result.variant,
+            metric=metric,
+            value=float(value),
+            n=int(entry.get("examples") or entry.get("n") or 0),
+            stderr=float(entry.get("stderr") or 0.0),
+            ci_low=entry.get("ci_low"),
+            ci_high=entry.get("ci_high"),
+            subject=result.variant,
         )
 
     def verdict(self, result: EvalResult) -> gates.GateVerdict:
@@ -114,14 +125,26 @@ def _git_revision(path: str | None) -> str | None:
     if not path or not Path(path).exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(Path(path) if Path(path).is_dir() else Path(path).parent),
-                              "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(Path(path) if Path(path).is_dir() else Path(path).parent),
+                "rev-parse",
+                "HEAD",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def update_baselines(baseline_dir: Path, records: Sequence[Mapping[str, Any]], run_id: str) -> list[Path]:
+def update_baselines(
+    baseline_dir: Path, records: Sequence[Mapping[str, Any]], run_id: str
+) -> list[Path]:
     """Write this run's scores as baselines, one file per model, keeping comments and other entries.
 
     Several seeds of one variant are averaged (their n summed).
@@ -163,8 +186,9 @@ def update_baselines(baseline_dir: Path, records: Sequence[Mapping[str, Any]], r
                 entry["revision"] = revision
             for stale in ("min", "run"):
                 entry.pop(stale, None)
-        from pytest_modelbench.store import atomic_write_text
         import io
+
+        from pytest_modelbench.store import atomic_write_text
 
         buffer = io.StringIO()
         yaml.dump(document, buffer)

@@ -153,7 +153,9 @@ class OpenAIClient:
         for base in self.base_urls:
             url = f"{base}/models"
             try:
-                async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                async with self.session.get(
+                    url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                ) as resp:
                     body = await resp.read()
                     if resp.status != 200:
                         raise EndpointUnavailable(
@@ -161,7 +163,11 @@ class OpenAIClient:
                             + (" (check api_key_var)" if resp.status in (401, 403) else "")
                         )
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc) or type(exc).__name__
+                reason = (
+                    "timed out"
+                    if isinstance(exc, asyncio.TimeoutError)
+                    else str(exc) or type(exc).__name__
+                )
                 raise EndpointUnavailable(
                     f"endpoint {base} is unreachable ({reason}); start the server, fix api_base_url, "
                     "or omit api_base_url to let modelbench serve the model"
@@ -225,9 +231,15 @@ class OpenAIClient:
                 reasons.append(exc.reason)
                 if attempt > self.retry.max_retries:
                     raise RequestFailed(
-                        f"gave up after {attempt} attempts; last error: {exc.reason}", attempt, reasons
+                        f"gave up after {attempt} attempts; last error: {exc.reason}",
+                        attempt,
+                        reasons,
                     ) from None
-                delay = exc.retry_after if exc.retry_after is not None else self.retry.delay(attempt, self._rng)
+                delay = (
+                    exc.retry_after
+                    if exc.retry_after is not None
+                    else self.retry.delay(attempt, self._rng)
+                )
                 await asyncio.sleep(delay)
                 continue
             except RequestFailed as exc:

@@ -19,6 +19,7 @@ from pytest_modelbench.errors import EvaluationError
 if TYPE_CHECKING:
     from pytest_modelbench.plan import PlannedItem
 
+
 @dataclass(frozen=True)
 class Endpoint:
     """An OpenAI-compatible place to send one model's requests. The key is never written anywhere."""
@@ -64,7 +65,9 @@ def _api_key(var: str | None, model_name: str) -> str | None:
 class EndpointManager:
     """Gives each item its endpoint; owns the servers this worker started."""
 
-    def __init__(self, run_dir: Path, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
+    def __init__(
+        self, run_dir: Path, *, preflight_timeout_s: float = 15.0, serving: Any = None
+    ) -> None:
         self.run_dir = run_dir
         self._checked: dict[tuple[tuple[str, ...], str], str | None] = {}  # pre-flight outcomes
         self.preflight_timeout_s = preflight_timeout_s
@@ -72,8 +75,14 @@ class EndpointManager:
 
     def endpoint_for(self, item: PlannedItem) -> Endpoint:
         spec = item.model
+        if spec.solutions:  # completions come from files: no server, no pre-flight
+            return Endpoint(base_urls=(), served_model=spec.model or item.model_name, api=spec.api)
         if spec.api_base_url:
-            urls = (spec.api_base_url,) if isinstance(spec.api_base_url, str) else tuple(spec.api_base_url)
+            urls = (
+                (spec.api_base_url,)
+                if isinstance(spec.api_base_url, str)
+                else tuple(spec.api_base_url)
+            )
             return Endpoint(
                 base_urls=tuple(u.rstrip("/") for u in urls),
                 served_model=spec.model or item.model_name,

@@ -20,5 +20,7 @@ def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Backen
     """Return the backend that evaluates variants whose ``module`` is ``module``, or None."""
 
 
-def pytest_modelbench_item_finished(config: pytest.Config, item_id: str, summary: dict[str, Any]) -> None:
+def pytest_modelbench_item_finished(
+    config: pytest.Config, item_id: str, summary: dict[str, Any]
+) -> None:
     """Called on the process that evaluated an item, after its summary is written."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,25 +19,70 @@ _OPTIONS: list[tuple[str, str, str, str]] = [
     ("--env", "env", "restrict to these environments or variant ids (comma list)", "str"),
     ("--seeds", "seeds", "override seeds, e.g. 0,1,2", "str"),
     ("--num-examples", "num_examples", "cap examples per variant (quick runs)", "int"),
-    ("--mb-config", "mb_config", "run exactly the jobs of this job file (configs/job-*.yaml)", "str"),
+    (
+        "--mb-config",
+        "mb_config",
+        "run exactly the jobs of this job file (configs/job-*.yaml)",
+        "str",
+    ),
     ("--run-dir", "run_dir", "parent directory of run directories (default: runs)", "str"),
     ("--run-id", "run_id", "run directory name (default: <run name>-<timestamp>)", "str"),
-    ("--run-name", "run_name", "run name recorded in the manifest (default: the job name or 'run')", "str"),
+    (
+        "--run-name",
+        "run_name",
+        "run name recorded in the manifest (default: the job name or 'run')",
+        "str",
+    ),
     ("--force", "force", "recompute selected items even if finished results exist", "flag"),
-    ("--no-auto-resume", "no_auto_resume", "start a new run directory instead of continuing the latest", "flag"),
+    (
+        "--no-auto-resume",
+        "no_auto_resume",
+        "start a new run directory instead of continuing the latest",
+        "flag",
+    ),
     ("--restart", "restart", "seed a new run from finished items of RUN_ID", "str"),
     ("--env-args", "env_args", "JSON object merged into every variant's env_args", "str"),
-    ("--sampling-args", "sampling_args", "JSON object merged into every item's sampling args", "str"),
+    (
+        "--sampling-args",
+        "sampling_args",
+        "JSON object merged into every item's sampling args",
+        "str",
+    ),
     ("--max-concurrent", "max_concurrent", "requests in flight per item", "int"),
-    ("--mb-timeout", "request_timeout", "per-request timeout in seconds (alias: --timeout)", "float"),
+    (
+        "--mb-timeout",
+        "request_timeout",
+        "per-request timeout in seconds (alias: --timeout)",
+        "float",
+    ),
     ("--update-baselines", "update_baselines", "write this run's scores as baselines", "flag"),
-    ("--baseline-run", "baseline_run", "paired comparison against this run's per-example results", "str"),
+    (
+        "--baseline-run",
+        "baseline_run",
+        "paired comparison against this run's per-example results",
+        "str",
+    ),
     ("--require-baseline", "require_baseline", "items without a baseline fail", "flag"),
     ("--gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)", "str"),
-    ("--mb-error-budget", "error_budget", "fraction of examples allowed to error (default 0.05)", "float"),
-    ("--mb-correction", "correction", "multiple-comparison correction across gated items: none|holm", "str"),
-    ("--mb-dist", "dist", "xdist scheduling of benchmark items: modelbench (keep each worker on its "
-     "model, longest items first; default with --model) or off (xdist's --dist)", "str"),
+    (
+        "--mb-error-budget",
+        "error_budget",
+        "fraction of examples allowed to error (default 0.05)",
+        "float",
+    ),
+    (
+        "--mb-correction",
+        "correction",
+        "multiple-comparison correction across gated items: none|holm",
+        "str",
+    ),
+    (
+        "--mb-dist",
+        "dist",
+        "xdist scheduling of benchmark items: modelbench (keep each worker on its "
+        "model, longest items first; default with --model) or off (xdist's --dist)",
+        "str",
+    ),
 ]
 
 INI_CONFIG_DIR = "modelbench_configs"
@@ -53,13 +99,19 @@ def add_options(parser: pytest.Parser) -> None:
             kwargs.update(action="store", default=None, metavar=dest.upper())
         names = [flag]
         group.addoption(*names, **kwargs)
-        ini_type = "bool" if kind == "flag" else "string"
-        parser.addini(f"modelbench_{dest}", f"default for {flag}", type=ini_type, default=None)
-    try:  # --timeout is taken when pytest-timeout is installed; --mb-timeout always works
-        group.addoption("--timeout", dest="mb_request_timeout_alias", default=None, metavar="SEC",
-                        help="per-request timeout in seconds (same as --mb-timeout)")
-    except ValueError:
-        pass
+        if kind == "flag":
+            parser.addini(f"modelbench_{dest}", f"default for {flag}", type="bool", default=None)
+        else:
+            parser.addini(f"modelbench_{dest}", f"default for {flag}", type="string", default=None)
+    # --timeout is taken when pytest-timeout is installed; --mb-timeout always works
+    with contextlib.suppress(ValueError):
+        group.addoption(
+            "--timeout",
+            dest="mb_request_timeout_alias",
+            default=None,
+            metavar="SEC",
+            help="per-request timeout in seconds (same as --mb-timeout)",
+        )
     parser.addini(INI_CONFIG_DIR, "configuration directory (default: configs)", default="configs")
 
 
@@ -125,7 +177,9 @@ def _as_seeds(value: Any) -> tuple[int, ...] | None:
             f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}"
         ) from None
     if not seeds:
-        raise ModelbenchUsageError(f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}")
+        raise ModelbenchUsageError(
+            f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}"
+        )
     return seeds
 
 
@@ -164,10 +218,14 @@ class RunOptions:
         job = _raw(config, "mb_config")
         correction = str(_raw(config, "correction") or "none")
         if correction not in ("none", "holm"):
-            raise ModelbenchUsageError(f"--mb-correction: expected 'none' or 'holm', got {correction!r}")
+            raise ModelbenchUsageError(
+                f"--mb-correction: expected 'none' or 'holm', got {correction!r}"
+            )
         budget = _as_number("error_budget", _raw(config, "error_budget"), float, 0.0)
         if budget is not None and budget > 1:
-            raise ModelbenchUsageError(f"--mb-error-budget: expected a fraction in [0, 1], got {budget}")
+            raise ModelbenchUsageError(
+                f"--mb-error-budget: expected a fraction in [0, 1], got {budget}"
+            )
         return cls(
             config_dir=config_dir if config_dir.is_absolute() else root / config_dir,
             models=_as_list(_raw(config, "model")),
@@ -185,7 +243,9 @@ class RunOptions:
             env_args=_as_json_object("env_args", _raw(config, "env_args")),
             sampling_args=_as_json_object("sampling_args", _raw(config, "sampling_args")),
             max_concurrent=_as_number("max_concurrent", _raw(config, "max_concurrent"), int, 1),
-            request_timeout=_as_number("request_timeout", _raw(config, "request_timeout"), float, 0.001),
+            request_timeout=_as_number(
+                "request_timeout", _raw(config, "request_timeout"), float, 0.001
+            ),
             update_baselines=bool(_raw(config, "update_baselines")),
             baseline_run=_raw(config, "baseline_run"),
             require_baseline=bool(_raw(config, "require_baseline")),

@@ -181,16 +181,24 @@ def build_plan(
                     f"{entry.model!r}{did_you_mean(entry.model, models)}; defined: {one_of(models)}"
                 )
             envs = [e for e in entry.env if not options.envs or e in options.envs]
-            pairs.append((_select_models([entry.model], models, options, source),
-                          _variants_for(config, envs, options, check_module) if envs else []))
+            pairs.append(
+                (
+                    _select_models([entry.model], models, options, source),
+                    _variants_for(config, envs, options, check_module) if envs else [],
+                )
+            )
     else:
         if not options.models:
             raise ModelbenchUsageError(
                 f"no model selected: pass --model NAME (configured in {source}: {one_of(models)}), "
                 "--model all, --model smoke, or --mb-config configs/job-<name>.yaml"
             )
-        pairs.append((_select_models(options.models, models, options, source),
-                      _variants_for(config, options.envs, options, check_module)))
+        pairs.append(
+            (
+                _select_models(options.models, models, options, source),
+                _variants_for(config, options.envs, options, check_module),
+            )
+        )
     items: list[PlannedItem] = []
     seen: dict[str, PlannedItem] = {}
     for chosen_models, variants in pairs:

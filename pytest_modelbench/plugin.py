@@ -61,7 +61,9 @@ def mb_item(request: pytest.FixtureRequest) -> Any:
     """The planned item (model, variant, seed) of this test; parametrized by modelbench."""
     param = getattr(request, "param", None)
     if param is None:
-        pytest.fail("mb_item is parametrized by pytest-modelbench; pass --model NAME", pytrace=False)
+        pytest.fail(
+            "mb_item is parametrized by pytest-modelbench; pass --model NAME", pytrace=False
+        )
     return param
 
 

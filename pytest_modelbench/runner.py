@@ -115,7 +115,9 @@ async def run_loop(
             for reason in exc.retry_reasons:
                 key = reason.split(" after ")[0]
                 stats.retry_reasons[key] = stats.retry_reasons.get(key, 0) + 1
-            row.update(completion=None, error=exc.reason, attempts=exc.attempts, metrics={}, score=None)
+            row.update(
+                completion=None, error=exc.reason, attempts=exc.attempts, metrics={}, score=None
+            )
             journal.append(row)
             progress.advance(error=True)
             return
@@ -145,7 +147,11 @@ async def run_loop(
         if detail:
             row["detail"] = dict(detail)
         journal.append(row)
-        progress.advance(error=row["error"] is not None)
+        progress.advance(
+            error=row["error"] is not None,
+            prompt_tokens=completion.prompt_tokens or 0,
+            completion_tokens=completion.completion_tokens or 0,
+        )
 
     async def worker() -> None:
         for example, rollout in units:  # shared iterator: each unit is taken exactly once

@@ -34,7 +34,9 @@ def default_cache_dir() -> Path:
 class ServerPool:
     """Starts, reuses and stops this worker's server; gives items their base URL."""
 
-    def __init__(self, run_dir: Path, *, gpus_option: str | None = None, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, *, gpus_option: str | None = None, cache_dir: Path | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.gpus_option = gpus_option
         self.cache_dir = cache_dir or default_cache_dir()
@@ -46,8 +48,8 @@ class ServerPool:
         self.starts = 0
 
     def _gpus(self, n: int) -> tuple[str, ...]:
-        from pytest_modelbench.serving.gpus import GpuSpecError, claim
         from pytest_modelbench.serving.base import ServingError
+        from pytest_modelbench.serving.gpus import GpuSpecError, claim
 
         if self._claim is not None and (len(self._claim.gpus) in (0, n)):
             return tuple(self._claim.gpus)

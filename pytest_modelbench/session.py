@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,10 @@ class ModelbenchSession:
         return bool(self.options.models or self.options.job_file)
 
     def check_module(self, module: str, where: str) -> None:
-        if self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module) is not None:
+        if (
+            self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module)
+            is not None
+        ):
             return
         from pytest_modelbench.backends.base import known_module_names
 
@@ -133,7 +137,11 @@ class ModelbenchSession:
             raise pytest.UsageError(self._plan_error)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if session.config.option.collectonly and self._plan is not None and not is_worker(self.config):
+        if (
+            session.config.option.collectonly
+            and self._plan is not None
+            and not is_worker(self.config)
+        ):
             from pytest_modelbench.terminal import write_plan
 
             selected = {
@@ -157,8 +165,13 @@ class ModelbenchSession:
             endpoints = EndpointManager(self.run_dir, serving=serving)
             from pytest_modelbench.progress import PROGRESS_SINK
 
-            self._evaluator = ItemEvaluator(self.options, store, endpoints, self.backend_for,
-                                            self.config.stash.get(PROGRESS_SINK, None))
+            self._evaluator = ItemEvaluator(
+                self.options,
+                store,
+                endpoints,
+                self.backend_for,
+                self.config.stash.get(PROGRESS_SINK, None),
+            )
         return self._evaluator
 
     def backend_for(self, module: str) -> Any:
@@ -172,8 +185,10 @@ class ModelbenchSession:
             from pytest_modelbench.baselines import BaselineBook
 
             self._book = BaselineBook(
-                self.options.config_dir / "baselines", self.run_dir.parent,
-                require=self.options.require_baseline, baseline_run=self.options.baseline_run,
+                self.options.config_dir / "baselines",
+                self.run_dir.parent,
+                require=self.options.require_baseline,
+                baseline_run=self.options.baseline_run,
             )
         return self._book
 
@@ -194,21 +209,23 @@ class ModelbenchSession:
         return result
 
     def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
-        node.user_properties.extend(_base_properties(item) + [("mb_verdict", "error"), ("mb_error", message)])
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self._evaluator is not None:
-            self._evaluator.endpoints.close()
+        node.user_properties.extend(
+            [*_base_properties(item), ("mb_verdict", "error"), ("mb_error", message)]
+        )
 
     # -- reporting (controller side) ---------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if is_worker(self.config):
             return
-        props = {k: v for k, v in report.user_properties if isinstance(k, str) and k.startswith(PROPERTY_PREFIX)}
+        props = {
+            k: v
+            for k, v in report.user_properties
+            if isinstance(k, str) and k.startswith(PROPERTY_PREFIX)
+        }
         if not props.get("mb_item"):
             return
         if report.when == "call" or (report.when == "setup" and report.failed):
-            record = {k[len(PROPERTY_PREFIX):]: v for k, v in props.items()}
+            record = {k[len(PROPERTY_PREFIX) :]: v for k, v in props.items()}
             record["outcome"] = report.outcome
             self.records.append(record)
 
@@ -237,6 +254,8 @@ class ModelbenchSession:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self._evaluator is not None:
+            self._evaluator.endpoints.close()  # stop this process's servers, release its GPUs
         if is_worker(self.config) or not self.records:
             return
         if self.options.correction == "holm":
@@ -269,7 +288,7 @@ class ModelbenchSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _marker_selects(kwargs: dict[str, Any], item: PlannedItem) -> bool:
+def _marker_selects(kwargs: Mapping[str, Any], item: PlannedItem) -> bool:
     for key, value in (("model", item.model_name), ("env", item.env), ("variant", item.variant.id)):
         wanted = kwargs.get(key)
         if wanted is None:
@@ -281,8 +300,13 @@ def _marker_selects(kwargs: dict[str, Any], item: PlannedItem) -> bool:
 
 
 def _base_properties(item: PlannedItem) -> list[tuple[str, Any]]:
-    return [("mb_item", item.item_id), ("mb_model", item.model_name), ("mb_env", item.env),
-            ("mb_variant", item.variant.id), ("mb_seed", item.seed)]
+    return [
+        ("mb_item", item.item_id),
+        ("mb_model", item.model_name),
+        ("mb_env", item.env),
+        ("mb_variant", item.variant.id),
+        ("mb_seed", item.seed),
+    ]
 
 
 def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult) -> None:
@@ -293,17 +317,26 @@ def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult)
     status = verdict.status if verdict is not None else "no baseline"
     if result.gate_deferred:
         status = f"{status} (Holm pending)"
-    node.user_properties.extend(_base_properties(item) + [
-        ("mb_metric", result.metric), ("mb_score", result.score), ("mb_ci_low", low),
-        ("mb_ci_high", high), ("mb_stderr", result.stderr), ("mb_n", result.n),
-        ("mb_errors", result.errors), ("mb_from_store", result.from_store),
-        ("mb_duration_s", result.summary.get("duration_s")), ("mb_model_path", item.model.model),
-        ("mb_verdict", status),
-        ("mb_baseline", verdict.baseline_value if verdict is not None else None),
-        ("mb_delta", verdict.delta if verdict is not None else None),
-        ("mb_p_value", verdict.p_value if verdict is not None else None),
-        ("mb_rule", verdict.rule if verdict is not None else None),
-        ("mb_gate", json.dumps(verdict.as_dict()) if verdict is not None else None),
-    ])
+    node.user_properties.extend(
+        [
+            *_base_properties(item),
+            ("mb_metric", result.metric),
+            ("mb_score", result.score),
+            ("mb_ci_low", low),
+            ("mb_ci_high", high),
+            ("mb_stderr", result.stderr),
+            ("mb_n", result.n),
+            ("mb_errors", result.errors),
+            ("mb_from_store", result.from_store),
+            ("mb_duration_s", result.summary.get("duration_s")),
+            ("mb_model_path", item.model.model),
+            ("mb_verdict", status),
+            ("mb_baseline", verdict.baseline_value if verdict is not None else None),
+            ("mb_delta", verdict.delta if verdict is not None else None),
+            ("mb_p_value", verdict.p_value if verdict is not None else None),
+            ("mb_rule", verdict.rule if verdict is not None else None),
+            ("mb_gate", json.dumps(verdict.as_dict()) if verdict is not None else None),
+        ]
+    )
     if result.recompute_reason:
         node.user_properties.append(("mb_recomputed", result.recompute_reason))

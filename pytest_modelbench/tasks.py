@@ -105,7 +105,9 @@ class SuiteArgumentError(ValueError):
     """A suite was given an env arg it does not accept; the message names it and the fix."""
 
 
-def aggregate_extra(suite: Suite, rows_by_example: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, float]:
+def aggregate_extra(
+    suite: Suite, rows_by_example: Mapping[str, Sequence[Mapping[str, float]]]
+) -> dict[str, float]:
     """Suite-specific aggregate metrics (e.g. pass@k across rollouts), if the suite defines them.
 
     A suite may define ``aggregate(rows_by_example) -> dict[str, float]``; the

@@ -17,14 +17,19 @@ def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
-        cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return lines
 
 
-def write_plan(config: pytest.Config, items: Sequence[PlannedItem], session: ModelbenchSession) -> None:
+def write_plan(
+    config: pytest.Config, items: Sequence[PlannedItem], session: ModelbenchSession
+) -> None:
     """The dry-run plan: one line per item with its example count and estimated tokens."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
@@ -36,13 +41,24 @@ def write_plan(config: pytest.Config, items: Sequence[PlannedItem], session: Mod
         try:
             count = backend.count_examples(item)
         except Exception as exc:  # the plan must print even when one variant's data is broken
-            rows.append([item.item_id, item.model_name, item.variant.id, str(item.seed), "?", f"({exc})"])
+            rows.append(
+                [item.item_id, item.model_name, item.variant.id, str(item.seed), "?", f"({exc})"]
+            )
             continue
         count *= item.variant.rollouts_per_example
         tokens = count * backend.tokens_per_example()
         total_examples += count
         total_tokens += tokens
-        rows.append([item.item_id, item.model_name, item.variant.id, str(item.seed), str(count), f"{tokens:,}"])
+        rows.append(
+            [
+                item.item_id,
+                item.model_name,
+                item.variant.id,
+                str(item.seed),
+                str(count),
+                f"{tokens:,}",
+            ]
+        )
     models = sorted({i.model_name for i in items})
     reporter.write_sep("=", "modelbench plan")
     for line in _table(rows, right={3, 4, 5}):
@@ -61,20 +77,52 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def write_summary_table(reporter: Any, records: Sequence[dict[str, Any]], run_dir: Path | None) -> None:
+def write_summary_table(
+    reporter: Any, records: Sequence[dict[str, Any]], run_dir: Path | None
+) -> None:
     """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict."""
-    rows = [["model", "variant", "seed", "metric", "score", "95% CI", "n", "errors", "baseline", "Δ", "verdict"]]
-    for rec in sorted(records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))):
+    rows = [
+        [
+            "model",
+            "variant",
+            "seed",
+            "metric",
+            "score",
+            "95% CI",
+            "n",
+            "errors",
+            "baseline",
+            "Δ",
+            "verdict",
+        ]
+    ]
+    for rec in sorted(
+        records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))
+    ):
         low, high = rec.get("ci_low"), rec.get("ci_high")
-        ci = f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
+        ci = (
+            f"[{low:.3f}, {high:.3f}]"
+            if isinstance(low, float) and isinstance(high, float)
+            else "-"
+        )
         verdict = rec.get("verdict") or rec.get("outcome", "-")
         if rec.get("from_store") and verdict != "error":
             verdict += " (from store)"
-        rows.append([
-            str(rec.get("model")), str(rec.get("variant")), _fmt(rec.get("seed")), _fmt(rec.get("metric")),
-            _fmt(rec.get("score")), ci, _fmt(rec.get("n")), _fmt(rec.get("errors")),
-            _fmt(rec.get("baseline")), _fmt(rec.get("delta")), verdict,
-        ])
+        rows.append(
+            [
+                str(rec.get("model")),
+                str(rec.get("variant")),
+                _fmt(rec.get("seed")),
+                _fmt(rec.get("metric")),
+                _fmt(rec.get("score")),
+                ci,
+                _fmt(rec.get("n")),
+                _fmt(rec.get("errors")),
+                _fmt(rec.get("baseline")),
+                _fmt(rec.get("delta")),
+                verdict,
+            ]
+        )
     reporter.write_sep("=", "modelbench summary")
     for line in _table(rows, right={2, 4, 6, 7, 8, 9}):
         reporter.write_line(line)
@@ -82,13 +130,32 @@ def write_summary_table(reporter: Any, records: Sequence[dict[str, Any]], run_di
         reporter.write_line(f"run store: {run_dir}")
 
 
-def write_markdown_summary(path: Path, records: Sequence[dict[str, Any]], run_dir: Path | None) -> None:
+def write_recomputed(reporter: Any, records: Sequence[dict[str, Any]]) -> None:
+    """One line per item recomputed instead of reused, saying why (``--force``, changed fields)."""
+    for rec in sorted(records, key=lambda r: str(r.get("item"))):
+        if rec.get("recomputed"):
+            reporter.write_line(f"recomputed {rec.get('item')}: {rec['recomputed']}")
+
+
+def write_markdown_summary(
+    path: Path, records: Sequence[dict[str, Any]], run_dir: Path | None
+) -> None:
     """Append a Markdown table to a CI job summary file (``$GITHUB_STEP_SUMMARY``)."""
-    lines = ["## modelbench", "", "| model | variant | seed | metric | score | 95% CI | n | baseline | Δ | verdict |",
-             "|---|---|---:|---|---:|---|---:|---:|---:|---|"]
-    for rec in sorted(records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))):
+    lines = [
+        "## modelbench",
+        "",
+        "| model | variant | seed | metric | score | 95% CI | n | baseline | Δ | verdict |",
+        "|---|---|---:|---|---:|---|---:|---:|---:|---|",
+    ]
+    for rec in sorted(
+        records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))
+    ):
         low, high = rec.get("ci_low"), rec.get("ci_high")
-        ci = f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
+        ci = (
+            f"[{low:.3f}, {high:.3f}]"
+            if isinstance(low, float) and isinstance(high, float)
+            else "-"
+        )
         lines.append(
             f"| {rec.get('model')} | {rec.get('variant')} | {rec.get('seed')} | {_fmt(rec.get('metric'))} | "
             f"{_fmt(rec.get('score'))} | {ci} | {_fmt(rec.get('n'))} | {_fmt(rec.get('baseline'))} | "

@@ -105,7 +105,9 @@ class JsonlSuite:
             if system:
                 messages = ({"role": "system", "content": str(system)}, *messages)
             examples.append(
-                Example(id=str(row["id"]), messages=messages, gold=str(row[a_field]), prompt=user + "\n")
+                Example(
+                    id=str(row["id"]), messages=messages, gold=str(row[a_field]), prompt=user + "\n"
+                )
             )
         return examples
 

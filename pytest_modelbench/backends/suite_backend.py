@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -86,11 +85,18 @@ class SuiteBackend:
                 api_key=ctx.endpoint.api_key,
                 timeout_s=item.model.timeout,
                 max_connections=item.model.max_concurrent,
-                retry=RetryPolicy(max_retries=item.model.max_retries, backoff_s=ctx.endpoint.backoff_s),
+                retry=RetryPolicy(
+                    max_retries=item.model.max_retries, backoff_s=ctx.endpoint.backoff_s
+                ),
             ) as client:
                 await ctx.endpoint.ensure_ready(client)
                 return await run_loop(
-                    self.suite, work_units(examples, rollouts, done), client, journal, settings, ctx.progress
+                    self.suite,
+                    work_units(examples, rollouts, done),
+                    client,
+                    journal,
+                    settings,
+                    ctx.progress,
                 )
 
         journal.open()
@@ -117,7 +123,6 @@ class SuiteBackend:
             }
         summary["resumed_examples"] = len(done & wanted)
         return summary
-
 
 
 __all__ = ["SuiteBackend"]

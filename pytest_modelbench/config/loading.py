@@ -16,8 +16,8 @@ from pytest_modelbench.config.schema import (
     BaselineEntrySpec,
     EnvVariantSpec,
     JobFile,
-    ModelSpec,
     ModelsFile,
+    ModelSpec,
 )
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean
 
@@ -127,7 +127,9 @@ def format_validation_error(
     kind = err["type"]
     if kind == "extra_forbidden":
         valid = _fields_at(model, err["loc"][:-1])
-        hint = did_you_mean(loc[-1], valid) or (f"; valid keys: {', '.join(valid)}" if valid else "")
+        hint = did_you_mean(loc[-1], valid) or (
+            f"; valid keys: {', '.join(valid)}" if valid else ""
+        )
         return f"{where}: unknown key {key_path!r}{hint}"
     if kind == "missing":
         return f"{where}: missing required key {key_path!r}"
@@ -185,7 +187,9 @@ def load_env_file(path: Path) -> tuple[EnvVariantSpec, ...]:
     ids = [v.id for v in variants]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise ModelbenchUsageError(f"{shown}: duplicate variant id {duplicates[0]!r}; ids must be unique")
+        raise ModelbenchUsageError(
+            f"{shown}: duplicate variant id {duplicates[0]!r}; ids must be unique"
+        )
     return tuple(variants)
 
 

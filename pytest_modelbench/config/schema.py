@@ -36,6 +36,20 @@ class ModelSpec(_Strict):
     sampling_args: JSONDict = Field(default_factory=dict)
     serve: ServeSpec | None = None
     checkpoints: str | None = None
+    solutions: str | list[str] | dict[str, str | list[str]] | None = Field(
+        default=None,
+        description="pre-generated completions (JSONL globs) scored instead of querying a server; "
+        "a mapping gives globs per environment or variant id",
+    )
+
+    @field_validator("solutions")
+    @classmethod
+    def _solutions_not_empty(
+        cls, value: str | list[str] | dict[str, str | list[str]] | None
+    ) -> str | list[str] | dict[str, str | list[str]] | None:
+        if value is not None and not value:
+            raise ValueError("solutions is empty; give a glob like 'solutions/*.jsonl'")
+        return value
 
     @field_validator("api_key_var")
     @classmethod

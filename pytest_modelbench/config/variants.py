@@ -61,14 +61,21 @@ def expand_variants(
     )
     if not spec.matrix:
         return [
-            Variant(id=spec.id, env_args=dict(spec.env_args), sampling_args=dict(spec.sampling_args), **base)  # type: ignore[arg-type]
+            Variant(
+                id=spec.id,
+                env_args=dict(spec.env_args),
+                sampling_args=dict(spec.sampling_args),
+                **base,
+            )  # type: ignore[arg-type]
         ]
     where = f"{shown}: variant {spec.id!r}"
     keys = list(spec.matrix)
     for key in keys:
         if not spec.matrix[key]:
             raise ModelbenchUsageError(f"{where}: matrix.{key} is empty; give at least one value")
-    fmt = spec.matrix_id_format or "{base}-" + "-".join(f"{_placeholder(k)}{{{_placeholder(k)}}}" for k in keys)
+    fmt = spec.matrix_id_format or "{base}-" + "-".join(
+        f"{_placeholder(k)}{{{_placeholder(k)}}}" for k in keys
+    )
     try:
         fields = _format_fields(fmt)
     except ValueError as exc:
@@ -88,7 +95,7 @@ def expand_variants(
         )
     variants: list[Variant] = []
     for combo in itertools.product(*(spec.matrix[k] for k in keys)):
-        values = dict(zip(keys, combo))
+        values = dict(zip(keys, combo, strict=True))
         env_args = dict(spec.env_args)
         sampling_args = dict(spec.sampling_args)
         for key, value in values.items():

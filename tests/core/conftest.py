@@ -13,20 +13,28 @@ import yaml
 from pytest_modelbench.backends.jsonl_suite import JsonlSuite
 from pytest_modelbench.testing import SimConfig, SimServer, lookup_from_examples
 
-BENCHMARK_MODULE = '''
+BENCHMARK_MODULE = """
 from pytest_modelbench import EvalResult
 
 def test_benchmark(mb_eval: EvalResult) -> None:
     mb_eval.check_baseline()
-'''
+"""
 
 
 def write_qa(path: Path, n: int, prefix: str = "q") -> Path:
     """A JSONL QA file with ``n`` distinct questions."""
     with path.open("w") as handle:
         for i in range(n):
-            handle.write(json.dumps({"id": f"{prefix}{i}", "question": f"{prefix}: what is {i} + 1?",
-                                     "answer": str(i + 1)}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "id": f"{prefix}{i}",
+                        "question": f"{prefix}: what is {i} + 1?",
+                        "answer": str(i + 1),
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -58,7 +66,9 @@ class Project:
         lookup: dict[str, tuple[str, str]] = {}
         for name in names:
             examples = suite.examples({"path": str(self.root / f"{name}.jsonl")}, 0)
-            lookup.update(lookup_from_examples(examples, suite.reference_completion, suite.wrong_completion))
+            lookup.update(
+                lookup_from_examples(examples, suite.reference_completion, suite.wrong_completion)
+            )
         return lookup
 
     def run_dirs(self) -> list[Path]:

@@ -13,12 +13,25 @@ URL = "http://127.0.0.1:9/v1"
 def twelve(project: Project) -> Project:
     """2 models × (1 plain + 1 sweep of 2) variants × 2 seeds = 12 items."""
     project.qa("qa", 5)
-    project.models({"alpha": {"model": "m", "api_base_url": URL}, "beta": {"model": "m", "api_base_url": URL}})
-    project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}, "seeds": [0, 1]}])
-    project.env("qa-sys", [
-        {"id": "qa-sys", "module": "jsonl", "env_args": {"path": "qa.jsonl"}, "seeds": [0, 1],
-         "matrix": {"system_prompt": ["brief", "careful"]}, "matrix_id_format": "{base}-{system_prompt}"},
-    ])
+    project.models(
+        {"alpha": {"model": "m", "api_base_url": URL}, "beta": {"model": "m", "api_base_url": URL}}
+    )
+    project.env(
+        "qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}, "seeds": [0, 1]}]
+    )
+    project.env(
+        "qa-sys",
+        [
+            {
+                "id": "qa-sys",
+                "module": "jsonl",
+                "env_args": {"path": "qa.jsonl"},
+                "seeds": [0, 1],
+                "matrix": {"system_prompt": ["brief", "careful"]},
+                "matrix_id_format": "{base}-{system_prompt}",
+            },
+        ],
+    )
     return project
 
 
@@ -28,12 +41,20 @@ def test_twelve_items_with_documented_ids(twelve: Project) -> None:
     assert len(ids) == 12
     assert "benchmarks/test_models.py::test_benchmark[alpha-qa-seed0]" in ids
     assert "benchmarks/test_models.py::test_benchmark[beta-qa-sys-careful-seed1]" in ids
-    result.stdout.fnmatch_lines(["*modelbench plan*", "12 items, 2 model(s) (alpha, beta), 60 examples*"])
+    result.stdout.fnmatch_lines(
+        ["*modelbench plan*", "12 items, 2 model(s) (alpha, beta), 60 examples*"]
+    )
 
 
 def test_k_selects_subset(twelve: Project) -> None:
     result = twelve.pytester.runpytest(
-        "benchmarks/", "--model", "alpha,beta", "--collect-only", "-q", "-k", "beta and sys and not seed1"
+        "benchmarks/",
+        "--model",
+        "alpha,beta",
+        "--collect-only",
+        "-q",
+        "-k",
+        "beta and sys and not seed1",
     )
     ids = [line for line in result.outlines if line.startswith("benchmarks/")]
     assert ids == [
@@ -50,17 +71,33 @@ def test_model_option_restricts(twelve: Project) -> None:
 
 def test_env_and_seed_overrides(twelve: Project) -> None:
     result = twelve.pytester.runpytest(
-        "benchmarks/", "--model", "alpha", "--env", "qa-sys-brief", "--seeds", "7,8,9", "--collect-only", "-q"
+        "benchmarks/",
+        "--model",
+        "alpha",
+        "--env",
+        "qa-sys-brief",
+        "--seeds",
+        "7,8,9",
+        "--collect-only",
+        "-q",
     )
-    ids = [line.split("[")[1].rstrip("]") for line in result.outlines if line.startswith("benchmarks/")]
-    assert ids == ["alpha-qa-sys-brief-seed7", "alpha-qa-sys-brief-seed8", "alpha-qa-sys-brief-seed9"]
+    ids = [
+        line.split("[")[1].rstrip("]") for line in result.outlines if line.startswith("benchmarks/")
+    ]
+    assert ids == [
+        "alpha-qa-sys-brief-seed7",
+        "alpha-qa-sys-brief-seed8",
+        "alpha-qa-sys-brief-seed9",
+    ]
 
 
 def test_num_examples_caps_the_plan(twelve: Project) -> None:
     result = twelve.pytester.runpytest(
         "benchmarks/", "--model", "alpha", "--env", "qa", "--num-examples", "2", "--collect-only"
     )
-    result.stdout.fnmatch_lines(["alpha-qa-seed0 * 2 *", "2 items, 1 model(s) (alpha), 4 examples*"])
+    result.stdout.fnmatch_lines(
+        ["alpha-qa-seed0 * 2 *", "2 items, 1 model(s) (alpha), 4 examples*"]
+    )
 
 
 def test_job_file_runs_exactly_its_jobs(twelve: Project) -> None:
@@ -72,8 +109,15 @@ def test_job_file_runs_exactly_its_jobs(twelve: Project) -> None:
     result = twelve.pytester.runpytest(
         "benchmarks/", "--mb-config", "configs/job-small.yaml", "--collect-only", "-q"
     )
-    ids = sorted(line.split("[")[1].rstrip("]") for line in result.outlines if line.startswith("benchmarks/"))
-    assert ids == ["alpha-qa-sys-careful-seed0", "alpha-qa-sys-careful-seed1", "gamma-qa-seed0", "gamma-qa-seed1"]
+    ids = sorted(
+        line.split("[")[1].rstrip("]") for line in result.outlines if line.startswith("benchmarks/")
+    )
+    assert ids == [
+        "alpha-qa-sys-careful-seed0",
+        "alpha-qa-sys-careful-seed1",
+        "gamma-qa-seed0",
+        "gamma-qa-seed1",
+    ]
 
 
 def test_marker_restricts_user_tests(twelve: Project) -> None:
@@ -82,21 +126,41 @@ def test_marker_restricts_user_tests(twelve: Project) -> None:
         "@pytest.mark.modelbench(variant='qa', model='beta')\n"
         "def test_floor(mb_eval):\n    assert mb_eval.score >= 0\n"
     )
-    result = twelve.pytester.runpytest("benchmarks/test_own.py", "--model", "all", "--collect-only", "-q")
+    result = twelve.pytester.runpytest(
+        "benchmarks/test_own.py", "--model", "all", "--collect-only", "-q"
+    )
     ids = [line for line in result.outlines if line.startswith("benchmarks/")]
-    assert ids == ["benchmarks/test_own.py::test_floor[beta-qa-seed0]", "benchmarks/test_own.py::test_floor[beta-qa-seed1]"]
+    assert ids == [
+        "benchmarks/test_own.py::test_floor[beta-qa-seed0]",
+        "benchmarks/test_own.py::test_floor[beta-qa-seed1]",
+    ]
 
 
 def test_no_model_is_a_usage_error(twelve: Project) -> None:
     result = twelve.pytester.runpytest("benchmarks/", "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: no model selected: pass --model NAME (configured in configs/models.yaml: alpha, beta)*"])
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: no model selected: pass --model NAME (configured in configs/models.yaml: alpha, beta)*"
+        ]
+    )
 
 
 def test_builtin_module_via_env_needs_no_config(project: Project) -> None:
     project.qa("qa", 3)
     result = project.pytester.runpytest(
-        "benchmarks/", "--model", "org/some-model", "--api-base-url", URL, "--env", "jsonl",
-        "--env-args", '{"path": "qa.jsonl"}', "--collect-only", "-q",
+        "benchmarks/",
+        "--model",
+        "org/some-model",
+        "--api-base-url",
+        URL,
+        "--env",
+        "jsonl",
+        "--env-args",
+        '{"path": "qa.jsonl"}',
+        "--collect-only",
+        "-q",
     )
-    result.stdout.fnmatch_lines(["benchmarks/test_models.py::test_benchmark[some-model-jsonl-seed0]"])
+    result.stdout.fnmatch_lines(
+        ["benchmarks/test_models.py::test_benchmark[some-model-jsonl-seed0]"]
+    )

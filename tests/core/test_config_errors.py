@@ -27,38 +27,70 @@ def usage_error(project: Project, *args: str) -> str:
 
 
 def test_unknown_key_in_env_suggests_the_right_one(base: Project) -> None:
-    base.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}},
-                    {"id": "qa2", "module": "jsonl", "num_example": 5}])
+    base.env(
+        "qa",
+        [
+            {"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}},
+            {"id": "qa2", "module": "jsonl", "num_example": 5},
+        ],
+    )
     line = usage_error(base, "--model", "alpha")
-    assert line == ("ERROR: configs/envs/qa.yaml: variant 2 (qa2): unknown key 'num_example' "
-                    "(did you mean 'num_examples'?)")
+    assert line == (
+        "ERROR: configs/envs/qa.yaml: variant 2 (qa2): unknown key 'num_example' "
+        "(did you mean 'num_examples'?)"
+    )
 
 
 def test_unknown_key_in_models(base: Project) -> None:
     base.models({"alpha": {"model": "m", "api_base_url": URL, "max_concurent": 4}})
     line = usage_error(base, "--model", "alpha")
-    assert line == ("ERROR: configs/models.yaml: unknown key 'models.alpha.max_concurent' "
-                    "(did you mean 'max_concurrent'?)")
+    assert line == (
+        "ERROR: configs/models.yaml: unknown key 'models.alpha.max_concurent' "
+        "(did you mean 'max_concurrent'?)"
+    )
 
 
 def test_wrong_type(base: Project) -> None:
     base.env("qa", [{"id": "qa", "module": "jsonl", "num_examples": "all"}])
     line = usage_error(base, "--model", "alpha")
-    assert line.startswith("ERROR: configs/envs/qa.yaml: variant 1 (qa): num_examples: Input should be a valid integer")
+    assert line.startswith(
+        "ERROR: configs/envs/qa.yaml: variant 1 (qa): num_examples: Input should be a valid integer"
+    )
     assert "(got 'all')" in line
 
 
 def test_bad_matrix_format(base: Project) -> None:
-    base.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"},
-                     "matrix": {"system_prompt": ["a", "b"]}, "matrix_id_format": "{base}-{prompt}"}])
+    base.env(
+        "qa",
+        [
+            {
+                "id": "qa",
+                "module": "jsonl",
+                "env_args": {"path": "qa.jsonl"},
+                "matrix": {"system_prompt": ["a", "b"]},
+                "matrix_id_format": "{base}-{prompt}",
+            }
+        ],
+    )
     line = usage_error(base, "--model", "alpha")
-    assert line == ("ERROR: configs/envs/qa.yaml: variant 'qa': matrix_id_format '{base}-{prompt}' uses "
-                    "unknown placeholder {prompt}; available: {base}, {system_prompt}")
+    assert line == (
+        "ERROR: configs/envs/qa.yaml: variant 'qa': matrix_id_format '{base}-{prompt}' uses "
+        "unknown placeholder {prompt}; available: {base}, {system_prompt}"
+    )
 
 
 def test_matrix_format_missing_a_swept_key(base: Project) -> None:
-    base.env("qa", [{"id": "qa", "module": "jsonl", "matrix": {"system_prompt": ["a", "b"]},
-                     "matrix_id_format": "{base}-x"}])
+    base.env(
+        "qa",
+        [
+            {
+                "id": "qa",
+                "module": "jsonl",
+                "matrix": {"system_prompt": ["a", "b"]},
+                "matrix_id_format": "{base}-x",
+            }
+        ],
+    )
     line = usage_error(base, "--model", "alpha")
     assert "does not mention {system_prompt}" in line and "duplicate ids" in line
 
@@ -76,8 +108,10 @@ def test_json_override_must_be_an_object(base: Project) -> None:
 
 def test_unknown_model(base: Project) -> None:
     line = usage_error(base, "--model", "alpah")
-    assert line.startswith("ERROR: --model: unknown model 'alpah' (did you mean 'alpha'?); "
-                           "configs/models.yaml defines: alpha.")
+    assert line.startswith(
+        "ERROR: --model: unknown model 'alpah' (did you mean 'alpha'?); "
+        "configs/models.yaml defines: alpha."
+    )
 
 
 def test_unknown_env(base: Project) -> None:
@@ -88,7 +122,9 @@ def test_unknown_env(base: Project) -> None:
 def test_unknown_module_in_env_file(base: Project) -> None:
     base.env("qa", [{"id": "qa", "module": "jsonll"}])
     line = usage_error(base, "--model", "alpha")
-    assert line.startswith("ERROR: configs/envs/qa.yaml: variant 'qa': unknown module 'jsonll' (did you mean 'jsonl'?)")
+    assert line.startswith(
+        "ERROR: configs/envs/qa.yaml: variant 'qa': unknown module 'jsonll' (did you mean 'jsonl'?)"
+    )
 
 
 def test_malformed_yaml_names_line(base: Project) -> None:
@@ -110,6 +146,10 @@ def test_api_key_value_instead_of_name(base: Project) -> None:
 
 
 def test_bad_job_file(base: Project) -> None:
-    (base.root / "configs" / "job-x.yaml").write_text("name: x\njobs:\n  - model: alpha\n    envs: [qa]\n")
+    (base.root / "configs" / "job-x.yaml").write_text(
+        "name: x\njobs:\n  - model: alpha\n    envs: [qa]\n"
+    )
     line = usage_error(base, "--mb-config", "configs/job-x.yaml")
-    assert line.startswith("ERROR: configs/job-x.yaml: unknown key 'jobs.0.envs' (did you mean 'env'?)")
+    assert line.startswith(
+        "ERROR: configs/job-x.yaml: unknown key 'jobs.0.envs' (did you mean 'env'?)"
+    )

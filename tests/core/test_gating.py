@@ -15,7 +15,9 @@ from tests.core.conftest import Project
 def gated(project: Project, sim: Any) -> tuple[Project, Any]:
     project.qa("qa", 500)
     server = sim(accuracy=0.7, lookup=project.lookup("qa"))
-    project.models({"alpha": {"model": "sim-model", "api_base_url": server.base_url, "max_concurrent": 32}})
+    project.models(
+        {"alpha": {"model": "sim-model", "api_base_url": server.base_url, "max_concurrent": 32}}
+    )
     project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
     return project, server
 
@@ -29,12 +31,16 @@ def test_regression_fails_with_one_paragraph(gated: tuple[Project, Any]) -> None
     baseline(project, "qa: {metric: exact_match, value: 0.85, margin: 0.01, source: paper}\n")
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*qa exact_match 0.* ?0.*, 0.*? vs baseline 0.850 (margin 0.01): regression of 0.1*, p*"
-        "(configs/baselines/alpha.yaml)",
-        "alpha*qa*0*exact_match*0.850*-0.1*fail",
-    ])
-    assert "Traceback" not in result.stdout.str() and "def test_benchmark" not in result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*qa exact_match 0.* ?0.*, 0.*? vs baseline 0.850 (margin 0.01): regression of 0.1*, p*"
+            "(configs/baselines/alpha.yaml)",
+            "alpha*qa*0*exact_match*0.850*-0.1*fail",
+        ]
+    )
+    assert (
+        "Traceback" not in result.stdout.str() and "def test_benchmark" not in result.stdout.str()
+    )
 
 
 def test_improvement_and_non_significant_dip_pass(gated: tuple[Project, Any]) -> None:
@@ -45,7 +51,7 @@ def test_improvement_and_non_significant_dip_pass(gated: tuple[Project, Any]) ->
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["alpha*qa*0.600*pass (from store)"])
     # a dip of ~0.01 with n=500 on both sides is noise, not a regression
-    score = float(next(l for l in result.outlines if l.startswith("alpha")).split()[4])
+    score = float(next(line for line in result.outlines if line.startswith("alpha")).split()[4])
     baseline(project, f"qa: {{value: {score + 0.01:.3f}, margin: 0.0, n: 500}}\n")
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(passed=1)
@@ -71,7 +77,10 @@ def test_require_baseline(gated: tuple[Project, Any]) -> None:
 
 def test_update_baselines_round_trip_keeps_comments(gated: tuple[Project, Any]) -> None:
     project, _ = gated
-    baseline(project, "# hand-written notes stay\nother-env:  # and this one\n  value: 0.5\n  source: paper\n")
+    baseline(
+        project,
+        "# hand-written notes stay\nother-env:  # and this one\n  value: 0.5\n  source: paper\n",
+    )
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--update-baselines")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["baselines written: *alpha.yaml"])
@@ -80,9 +89,13 @@ def test_update_baselines_round_trip_keeps_comments(gated: tuple[Project, Any]) 
     data = yaml.safe_load(text)
     assert data["other-env"] == {"value": 0.5, "source": "paper"}
     entry = data["qa"]
-    score = float(next(l for l in result.outlines if l.startswith("alpha")).split()[4])
+    score = float(next(line for line in result.outlines if line.startswith("alpha")).split()[4])
     assert entry["value"] == pytest.approx(score, abs=5e-4) and entry["n"] == 500
-    assert entry["metric"] == "exact_match" and entry["stderr"] > 0 and entry["run_id"].startswith("run-")
+    assert (
+        entry["metric"] == "exact_match"
+        and entry["stderr"] > 0
+        and entry["run_id"].startswith("run-")
+    )
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["alpha*qa*0.000*pass (from store)"])
@@ -91,7 +104,9 @@ def test_update_baselines_round_trip_keeps_comments(gated: tuple[Project, Any]) 
 def test_junit_properties(gated: tuple[Project, Any]) -> None:
     project, _ = gated
     baseline(project, "qa: {value: 0.6}\n")
-    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--junitxml", "junit.xml")
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--junitxml", "junit.xml"
+    )
     result.assert_outcomes(passed=1)
     tree = ET.parse(project.root / "junit.xml")
     props = {p.get("name"): p.get("value") for p in tree.iter("property")}
@@ -102,7 +117,9 @@ def test_junit_properties(gated: tuple[Project, Any]) -> None:
 
 def test_paired_gate_against_reference_run(gated: tuple[Project, Any]) -> None:
     project, server = gated
-    project.pytester.runpytest("benchmarks/", "--model", "alpha", "--run-id", "ref").assert_outcomes(passed=1)
+    project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--run-id", "ref"
+    ).assert_outcomes(passed=1)
     server.reconfigure(accuracy=0.62)  # same request seeds: a strictly worse model
     result = project.pytester.runpytest(
         "benchmarks/", "--model", "alpha", "--run-id", "new", "--baseline-run", "ref"
@@ -123,6 +140,8 @@ def test_github_step_summary(gated: tuple[Project, Any], monkeypatch: pytest.Mon
 def test_holm_correction_decides_at_session_end(gated: tuple[Project, Any]) -> None:
     project, _ = gated
     baseline(project, "qa: {value: 0.85}\n")
-    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-correction", "holm")
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--mb-correction", "holm"
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*regressions after Holm correction*", "*regression of*"])

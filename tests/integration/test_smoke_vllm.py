@@ -68,16 +68,35 @@ def _process_groups() -> dict[int, str]:
 def test_main_job_on_real_vllm(workdir: Path) -> None:
     before = set(_process_groups())
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "benchmarks/", "--model", "smoke", "--env", "gsm8k",
-         "--num-examples", "20", "-p", "no:cacheprovider"],
-        cwd=workdir, env=_env(workdir), capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "benchmarks/",
+            "--model",
+            "smoke",
+            "--env",
+            "gsm8k",
+            "--num-examples",
+            "20",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=workdir,
+        env=_env(workdir),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "smoke  gsm8k" in out.stdout and "modelbench summary" in out.stdout
     (run_dir,) = [p for p in (workdir / "runs").iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "smoke-gsm8k-seed0" / "summary.json").read_text())
     assert summary["n_scored"] == 20 and summary["errors"] == 0
-    rows = [json.loads(x) for x in (run_dir / "smoke-gsm8k-seed0" / "results.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (run_dir / "smoke-gsm8k-seed0" / "results.jsonl").read_text().splitlines()
+    ]
     assert all(r["tokens"]["completion"] >= 1 for r in rows)  # a real model produced tokens
     (log,) = list((run_dir / "servers").glob("*.log"))
     assert "vllm" in log.read_text().lower()
@@ -91,9 +110,24 @@ def test_main_job_on_real_vllm(workdir: Path) -> None:
 def test_sigkill_of_pytest_leaves_no_server(workdir: Path) -> None:
     before = set(_process_groups())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "benchmarks/", "--model", "smoke", "--env", "gsm8k",
-         "--num-examples", "200", "-p", "no:cacheprovider"],
-        cwd=workdir, env=_env(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "benchmarks/",
+            "--model",
+            "smoke",
+            "--env",
+            "gsm8k",
+            "--num-examples",
+            "200",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=workdir,
+        env=_env(workdir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 600
