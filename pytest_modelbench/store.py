@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -45,26 +46,49 @@ def _dumps(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old or the new file, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` so readers see the old or the new file, never a torn one.
+
+    ``durable`` also fsyncs the data (survives a machine crash, not only a process kill).
+    """
+    tmp = ""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
+        if durable:
+            fsync_directory(path.parent)
     except OSError as exc:
-        try:
+        if not tmp:
+            raise StoreWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+        with suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise StoreWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
 
 
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or new file in ``directory`` durable (best effort: not every OS allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+    atomic_write_text(
+        path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+    )
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -85,6 +109,10 @@ def row_key(row: Mapping[str, Any]) -> tuple[str, int]:
     return (str(row["example_id"]), int(row.get("rollout", 0)))
 
 
+def _damaged_warning(path: Path, count: int) -> StoreWarning:
+    return StoreWarning(f"{path}: skipped {count} damaged line(s); those examples will be redone")
+
+
 class Journal:
     """Append-only per-example results (``results.jsonl``) of one item."""
 
@@ -93,46 +121,75 @@ class Journal:
         self._handle: IO[str] | None = None
 
     def read(self) -> dict[tuple[str, int], dict[str, Any]]:
-        """The last row per (example, rollout); a torn last line or damaged lines are skipped with a warning."""
+        """The last row per (example, rollout). Text after the last newline is ignored (a line
+        being written, or torn by a crash: :meth:`repair` drops it); damaged lines are skipped
+        with a warning (those examples are redone)."""
         rows: dict[tuple[str, int], dict[str, Any]] = {}
+        good, damaged, _ = self._scan()
+        for row in good:
+            rows[row_key(row)] = row
+        if damaged:
+            warnings.warn(_damaged_warning(self.path, len(damaged)), stacklevel=2)
+        return rows
+
+    def _scan(self) -> tuple[list[dict[str, Any]], list[bytes], bytes]:
+        """(parsed rows, damaged lines, unterminated tail) of the file as it is now."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return rows
+            return [], [], b""
         lines = data.split(b"\n")
-        torn = lines.pop() if lines else b""  # text after the last newline was never finished
-        if torn.strip():
-            warnings.warn(
-                StoreWarning(f"{self.path}: dropped an unfinished last line (crash while writing)"),
-                stacklevel=2,
-            )
-            self._truncate_to(len(data) - len(torn))
-        damaged = 0
+        tail = lines.pop() if lines else b""
+        good: list[dict[str, Any]] = []
+        damaged: list[bytes] = []
         for line in lines:
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-                rows[row_key(row)] = row
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                damaged += 1
-        if damaged:
+                row_key(row)
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+                damaged.append(line)
+                continue
+            good.append(row)
+        return good, damaged, tail
+
+    def repair(self) -> int:
+        """Before appending (under the item lock): move damaged lines and a torn last line (a
+        crash mid-write) out to ``results.damaged.jsonl``, with a warning, so the journal holds
+        only whole rows again. Returns how many lines were moved."""
+        good, damaged, tail = self._scan()
+        torn = tail.strip()
+        if not damaged and not torn:
+            return 0
+        if torn:
             warnings.warn(
-                StoreWarning(f"{self.path}: skipped {damaged} damaged line(s); those examples will be redone"),
+                StoreWarning(f"{self.path}: dropped an unfinished last line (crash while writing)"),
                 stacklevel=2,
             )
-        return rows
-
-    def _truncate_to(self, size: int) -> None:
+        if damaged:
+            warnings.warn(_damaged_warning(self.path, len(damaged)), stacklevel=2)
+        aside = self.path.with_name("results.damaged.jsonl")
+        moved = [*damaged, tail] if torn else damaged
         try:
-            with open(self.path, "r+b") as handle:
-                handle.truncate(size)
-        except OSError:
-            pass
+            with open(aside, "ab") as handle:
+                handle.write(b"".join(line + b"\n" for line in moved))
+        except OSError as exc:
+            raise StoreWriteError(exc.errno, f"cannot write {aside}: {exc.strerror}") from exc
+        atomic_write_text(self.path, "".join(_dumps(row) + "\n" for row in good))
+        return len(moved)
 
     def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        """Open for appending; a journal shared with another run (hard link) is copied first."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_nlink > 1:
+                unshare(self.path)
+            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        except StoreWriteError:
+            raise
+        except OSError as exc:
+            raise StoreWriteError(exc.errno, f"cannot open {self.path}: {exc.strerror}") from exc
 
     def append(self, row: Mapping[str, Any]) -> None:
         """Write one whole line and flush it to the OS (survives a process crash)."""
@@ -141,25 +198,41 @@ class Journal:
             self._handle.write(_dumps(row) + "\n")
             self._handle.flush()
         except OSError as exc:
-            raise StoreWriteError(exc.errno, f"cannot append to {self.path}: {exc.strerror}") from exc
+            raise StoreWriteError(
+                exc.errno, f"cannot append to {self.path}: {exc.strerror}"
+            ) from exc
 
     def close(self) -> None:
         """fsync and close (survives a machine crash from here on)."""
         if self._handle is None:
             return
+        handle, self._handle = self._handle, None
         try:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
+            handle.flush()
+            os.fsync(handle.fileno())
+            fsync_directory(self.path.parent)
+        except OSError as exc:
+            raise StoreWriteError(exc.errno, f"cannot sync {self.path}: {exc.strerror}") from exc
         finally:
-            self._handle.close()
-            self._handle = None
+            with suppress(OSError):  # a failed flush above was already reported
+                handle.close()
 
     def discard(self, reason: str) -> Path | None:
         """Move the journal aside (kept for inspection) so the item starts over."""
         if not self.path.exists():
             return None
-        aside = self.path.with_name(f"results.{time.strftime('%Y%m%d-%H%M%S')}.{reason}.jsonl")
-        os.replace(self.path, aside)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"results.{stamp}.{reason}.jsonl")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = self.path.with_name(f"results.{stamp}-{n}.{reason}.jsonl")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            raise StoreWriteError(
+                exc.errno, f"cannot move {self.path} aside: {exc.strerror}"
+            ) from exc
         return aside
 
 
@@ -198,6 +271,17 @@ class ItemStore:
             self.summary_path.unlink()
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise StoreWriteError(
+                exc.errno, f"cannot remove {self.summary_path}: {exc.strerror}"
+            ) from exc
+
+    def seed_from(self, other: ItemStore) -> None:
+        """Take ``other``'s finished files: the journal hard-linked (copied across filesystems),
+        metadata and summary copied; the summary last, so a crash leaves no half-seeded item."""
+        link_or_copy(other.journal.path, self.journal.path)
+        link_or_copy(other.metadata_path, self.metadata_path, link=False)
+        link_or_copy(other.summary_path, self.summary_path, link=False)
 
 
 class RunStore:
@@ -220,7 +304,12 @@ class RunStore:
 
     @contextmanager
     def _manifest(self) -> Iterator[dict[str, Any]]:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreWriteError(
+                exc.errno, f"cannot create {self.directory}: {exc.strerror}"
+            ) from exc
         with self._lock:
             manifest = self.read_manifest()
             manifest.setdefault("schema_version", SCHEMA_VERSION)
@@ -230,7 +319,7 @@ class RunStore:
             atomic_write_json(self.manifest_path, manifest)
 
     def init(self, **fields: Any) -> None:
-        """Create the run directory and record run-level metadata (first writer wins for created_at)."""
+        """Create the run directory and record run-level metadata (first writer sets created_at)."""
         with self._manifest() as manifest:
             manifest.setdefault("created_at", _now())
             for key, value in fields.items():
@@ -250,14 +339,51 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def find_latest_run(parent: Path, run_name: str) -> Path | None:
-    """The most recently created run directory under ``parent`` whose manifest has ``run_name``."""
+def link_or_copy(src: Path, dst: Path, *, link: bool = True) -> None:
+    """Put ``src``'s content at ``dst`` atomically: a hard link when allowed and possible,
+    else a copy."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.seed.tmp")
+    try:
+        with suppress(FileNotFoundError):
+            tmp.unlink()
+        if link:
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copy2(src, tmp)
+        else:
+            shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    except OSError as exc:
+        with suppress(OSError):
+            tmp.unlink()
+        raise StoreWriteError(exc.errno, f"cannot copy {src} to {dst}: {exc.strerror}") from exc
+
+
+def unshare(path: Path) -> None:
+    """Replace a hard-linked file by a private copy, so appending never changes another run."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.unshare.tmp")
+    try:
+        shutil.copy2(path, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with suppress(OSError):
+            tmp.unlink()
+        raise StoreWriteError(exc.errno, f"cannot copy {path}: {exc.strerror}") from exc
+
+
+def find_latest_run(parent: Path, run_name: str, restart_from: str | None = None) -> Path | None:
+    """The most recently created run directory under ``parent`` whose manifest has ``run_name``
+    (and, given ``restart_from``, that was seeded from that run, so ``--restart`` continues it)."""
     if not parent.is_dir():
         return None
     best: tuple[str, Path] | None = None
     for manifest_path in parent.glob(f"*/{MANIFEST}"):
         manifest = read_json(manifest_path) or {}
         if manifest.get("run_name") != run_name:
+            continue
+        if restart_from is not None and manifest.get("restart_from") != Path(restart_from).name:
             continue
         created = str(manifest.get("created_at", ""))
         key = (created, manifest_path.parent)

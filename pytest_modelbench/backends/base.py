@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,7 +38,7 @@ class Backend(Protocol):
     def primary_metric(self, item: PlannedItem) -> str: ...
 
     def fingerprint_parts(self, item: PlannedItem) -> dict[str, Any]:
-        """Everything besides model/sampling/seed that changes results (data checksum, scorer version)."""
+        """Everything besides model/sampling/seed that changes results (data, scorer version)."""
         ...
 
     def count_examples(self, item: PlannedItem) -> int: ...
@@ -70,15 +71,78 @@ def known_module_names() -> list[str]:
 _BACKEND_CACHE: dict[str, Backend] = {}
 
 
+@dataclass(frozen=True)
+class PrefixedBackend:
+    """A backend addressed as ``<prefix>:<name>``, living in an optional extra.
+
+    ``module`` and ``factory`` name the class lazily, so resolving never imports
+    the heavy package; ``check`` (a ``module:function`` path) verifies the extra
+    is installed and usable, raising a usage error that names the install command.
+    """
+
+    prefix: str
+    module: str
+    factory: str
+    extra: str
+    what: str  # what follows the colon, for messages ("environment id", "task name or YAML path")
+
+
+PREFIXED_BACKENDS: dict[str, PrefixedBackend] = {
+    "verifiers": PrefixedBackend(
+        "verifiers",
+        "pytest_modelbench.backends.verifiers_backend",
+        "VerifiersBackend",
+        "verifiers",
+        "environment id",
+    ),
+    "lm_eval": PrefixedBackend(
+        "lm_eval",
+        "pytest_modelbench.backends.lm_eval_backend",
+        "LmEvalBackend",
+        "lm-eval",
+        "task name or task YAML path",
+    ),
+}
+
+
+def _resolve_prefixed(module: str) -> Backend | None:
+    prefix, _, name = module.partition(":")
+    spec = PREFIXED_BACKENDS.get(prefix)
+    if spec is None:
+        return None
+    from pytest_modelbench.errors import ModelbenchUsageError
+
+    name = name.strip()
+    if not name:
+        raise ModelbenchUsageError(
+            f"module {module!r}: give the {spec.what} after the colon: '{prefix}:<{spec.what}>'"
+        )
+    backend_module = importlib.import_module(spec.module)  # our thin module: no heavy import
+    backend_module.require_extra(module)  # raises with "pip install 'pytest-modelbench[...]'"
+    backend: Backend = getattr(backend_module, spec.factory)(name)
+    return backend
+
+
 def resolve_builtin(module: str) -> Backend | None:
-    """The default resolution: built-in suites and ``jsonl``; None when unknown."""
+    """The default resolution: built-in suites, ``jsonl`` and the prefixed backends
+    (``verifiers:<env_id>``, ``lm_eval:<task>``); None when unknown.
+
+    A suite backend also scores pre-generated solution files when the item's
+    model has ``solutions:`` (see :mod:`pytest_modelbench.backends.solutions`).
+    """
     if module in _BACKEND_CACHE:
         return _BACKEND_CACHE[module]
-    factories = _builtin_factories()
-    if module not in factories:
-        return None
-    from pytest_modelbench.backends.suite_backend import SuiteBackend
+    backend: Backend | None
+    if ":" in module:
+        backend = _resolve_prefixed(module)
+    else:
+        factories = _builtin_factories()
+        if module not in factories:
+            return None
+        from pytest_modelbench.backends.solutions import SolutionsOrSuite
+        from pytest_modelbench.backends.suite_backend import SuiteBackend
 
-    backend = SuiteBackend(factories[module]())
-    _BACKEND_CACHE[module] = backend
+        backend = SolutionsOrSuite(SuiteBackend(factories[module]()))
+    if backend is not None:
+        _BACKEND_CACHE[module] = backend
     return backend

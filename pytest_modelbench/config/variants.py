@@ -49,7 +49,7 @@ def expand_variants(
 ) -> list[Variant]:
     """One variant, or one per matrix combination with ids from ``matrix_id_format``."""
     seeds = tuple(spec.seeds) if spec.seeds else default_seeds
-    base = dict(
+    base: dict[str, Any] = dict(
         env=env,
         module=spec.module,
         num_examples=spec.num_examples,
@@ -66,7 +66,7 @@ def expand_variants(
                 env_args=dict(spec.env_args),
                 sampling_args=dict(spec.sampling_args),
                 **base,
-            )  # type: ignore[arg-type]
+            )
         ]
     where = f"{shown}: variant {spec.id!r}"
     keys = list(spec.matrix)
@@ -110,7 +110,7 @@ def expand_variants(
                 env_args=env_args,
                 sampling_args=sampling_args,
                 matrix_values=values,
-                **base,  # type: ignore[arg-type]
+                **base,
             )
         )
     return variants
