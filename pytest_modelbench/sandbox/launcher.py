@@ -1,0 +1,438 @@
+"""Child side of the sandbox: isolate this process, then run one untrusted program.
+
+Run as ``python -I -B launcher.py CONFIG_JSON`` by :mod:`pytest_modelbench.sandbox.host`,
+never imported by the plugin. Standard library only. Every isolation step is
+best effort and recorded in the report (a JSON-lines file descriptor the host
+passed in), so the host knows exactly what held:
+
+1. join the host-made pids cgroup (process-count limit that also binds root);
+2. ``unshare`` user + mount + network + PID namespaces (Linux, where permitted);
+3. a PID-1 reaper in the new PID namespace remounts every filesystem read-only
+   except the working directory, hides well-known credential folders, mounts a
+   fresh ``/proc`` (other processes and their environments become invisible);
+4. the worker sets rlimits (CPU, address space, file size, open files, process
+   count), drops every capability, installs a Python audit hook (no sockets, no
+   writes outside the working directory, no ``ctypes``; no process spawning when
+   neither a cgroup nor ``RLIMIT_NPROC`` can bound it), then runs the program.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import json
+import os
+import re
+import stat
+import sys
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any
+
+SETUP_FAILED = 199  # exit code when the launcher itself cannot run the program
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+# statvfs f_flag bits -> mount flags that must be kept on a bind remount (locked flags)
+KEPT_FLAGS = {
+    1: MS_RDONLY,
+    2: MS_NOSUID,
+    4: MS_NODEV,
+    8: MS_NOEXEC,
+    1024: MS_NOATIME,
+    2048: MS_NODIRATIME,
+    4096: MS_RELATIME,
+}
+
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+CREDENTIAL_PATHS = (
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".gnupg",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".pypirc",
+    ".git-credentials",
+    ".huggingface",
+    ".cache/huggingface",
+    ".config/gcloud",
+    ".config/gh",
+)
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+PATH_EVENTS = {  # audit event -> indices of path arguments that get modified
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.link": (0, 1),
+    "os.symlink": (1,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.truncate": (0,),
+    "os.utime": (0,),
+    "shutil.rmtree": (0,),
+}
+NETWORK_EVENTS = {
+    "socket.connect",
+    "socket.bind",
+    "socket.sendto",
+    "socket.sendmsg",
+    "socket.getaddrinfo",
+    "socket.gethostbyname",
+    "socket.gethostbyaddr",
+}
+SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
+FORK_EVENTS = {"os.fork", "os.forkpty"}
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _errno_text() -> str:
+    return os.strerror(ctypes.get_errno())
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def _encode(value: str | None) -> bytes | None:
+    return None if value is None else os.fsencode(value)
+
+
+def _mount(libc: Any, source: str | None, target: str, fstype: str | None, flags: int) -> None:
+    if libc.mount(_encode(source), _encode(target), _encode(fstype), ctypes.c_ulong(flags), None):
+        raise OSError(ctypes.get_errno(), f"mount {target}: {_errno_text()}")
+
+
+def unshare_namespaces(network: bool) -> dict[str, Any]:
+    """Enter new namespaces, trying the strongest combination first."""
+    if not sys.platform.startswith("linux"):
+        return {"namespaces": "unsupported platform"}
+    libc = _libc()
+    uid, gid = os.geteuid(), os.getegid()
+    net = 0 if network else CLONE_NEWNET
+    full = CLONE_NEWNS | CLONE_NEWPID | net
+    attempts = [CLONE_NEWUSER | full, CLONE_NEWUSER | net]
+    if uid == 0:  # real root may create namespaces without a user namespace
+        attempts[1:1] = [full]
+        attempts.append(net)
+    errors = []
+    for flags in attempts:
+        if flags == 0:
+            continue
+        if libc.unshare(flags) != 0:
+            errors.append(f"unshare({flags:#x}): {_errno_text()}")
+            continue
+        if flags & CLONE_NEWUSER:
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        return {
+            "userns": bool(flags & CLONE_NEWUSER),
+            "mountns": bool(flags & CLONE_NEWNS),
+            "pidns": bool(flags & CLONE_NEWPID),
+            "netns": bool(flags & CLONE_NEWNET),
+        }
+    return {"namespaces": "; ".join(errors) or "not requested"}
+
+
+def _mount_points() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            field = line.split()[4]
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field))
+    return points
+
+
+def lock_filesystem(workdir: str, home: str) -> dict[str, Any]:
+    """Read-only view of every mount except ``workdir``; hide credentials; fresh /proc."""
+    libc = _libc()
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    _mount(libc, workdir, workdir, None, MS_BIND | MS_REC)
+    os.chdir(workdir)  # the old cwd still points into the soon read-only parent mount
+    failed = []
+    for point in _mount_points():
+        if point == workdir or point.startswith(workdir + "/") or point.startswith("/proc/"):
+            continue
+        try:
+            flags = os.statvfs(point).f_flag
+            kept = sum(mount_flag for bit, mount_flag in KEPT_FLAGS.items() if flags & bit)
+            _mount(libc, None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
+        except OSError:
+            failed.append(point)
+    hidden = 0
+    for name in CREDENTIAL_PATHS:
+        path = os.path.join(home, name)
+        try:
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                _mount(libc, "tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV)
+            elif stat.S_ISREG(mode):
+                _mount(libc, "/dev/null", path, None, MS_BIND)
+            hidden += 1
+        except OSError:
+            continue
+    report: dict[str, Any] = {"readonly_fs": not failed, "credentials_hidden": hidden}
+    if failed:
+        report["readonly_failed"] = failed[:5]
+    try:
+        _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        report["private_proc"] = True
+    except OSError as error:
+        report["private_proc"] = False
+        report["proc_error"] = str(error)
+    return report
+
+
+def drop_capabilities() -> bool:
+    """No capabilities now or after exec, so the program cannot undo the mounts."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = _libc()
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            last = int(handle.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    libc.capset(header, data)
+    with open("/proc/self/status") as handle:
+        effective = next(line for line in handle if line.startswith("CapEff:"))
+    return int(effective.split()[1], 16) == 0
+
+
+def _count_processes(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+def set_limits(limits: dict[str, int], host_uid: int, iso: dict[str, Any]) -> str:
+    """Apply rlimits; return how the process count is bounded (cgroup/rlimit/guard)."""
+    import resource
+
+    def setl(which: int, value: int, hard: int | None = None) -> None:
+        _, hard_now = resource.getrlimit(which)
+        hard = value if hard is None else hard
+        if hard_now != resource.RLIM_INFINITY:
+            hard = min(hard, hard_now)
+        resource.setrlimit(which, (min(value, hard), hard))
+
+    setl(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
+    setl(resource.RLIMIT_AS, limits["memory_bytes"])
+    setl(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
+    setl(resource.RLIMIT_NOFILE, limits["open_files"])
+    setl(resource.RLIMIT_CORE, 0)
+    if iso.get("cgroup"):
+        return "cgroup"
+    if host_uid == 0:
+        return "guard"  # RLIMIT_NPROC never binds uid 0, even inside a user namespace
+    own = 0 if iso.get("userns") else _count_processes(host_uid)
+    setl(resource.RLIMIT_NPROC, own + limits["max_processes"])
+    return "rlimit"
+
+
+def _modifies(event: str, args: tuple[Any, ...]) -> list[Any]:
+    if event == "open":
+        path, mode, flags = [*args, None, None, None][:3]
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & WRITE_FLAGS
+        )
+        return [path] if writes else []
+    return [args[i] for i in PATH_EVENTS.get(event, ()) if i < len(args)]
+
+
+def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Callable[..., None]:
+    """An audit hook enforcing the Python-level policy (a second line behind the OS)."""
+    allowed = (os.path.realpath(workdir), "/dev/null")
+    own_proc = {"self", "thread-self", str(os.getpid())}
+
+    def inside(path: Any) -> bool:
+        if isinstance(path, int) or path is None:
+            return True
+        real = os.path.realpath(os.fsdecode(path))
+        return any(real == root or real.startswith(root + os.sep) for root in allowed)
+
+    def deny(what: str) -> None:
+        raise PermissionError(f"modelbench sandbox: {what} is not allowed")
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event in NETWORK_EVENTS and not network:
+            deny(f"network access ({event})")
+        elif event == "ctypes.dlopen":
+            deny("loading native libraries with ctypes")
+        elif event in SPAWN_EVENTS and not spawn:
+            deny(f"starting programs ({event})")
+        elif event in FORK_EVENTS and not fork:
+            deny(f"creating processes ({event})")
+        elif event == "open" and isinstance(args[0], (str, bytes)):
+            parts = os.fsdecode(args[0]).split("/")
+            is_pid = len(parts) > 2 and parts[:2] == ["", "proc"] and parts[2].isdigit()
+            if is_pid and parts[2] not in own_proc:
+                deny(f"reading other processes ({os.fsdecode(args[0])})")
+        for path in _modifies(event, args):
+            if not inside(path):
+                deny(f"writing outside the working directory ({os.fsdecode(path)})")
+
+    return hook
+
+
+def run_program(path: str) -> None:
+    """Execute the program as ``__main__`` and exit like ``python program.py`` would."""
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    module = types.ModuleType("__main__")
+    module.__file__ = path
+    module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    sys.argv = [path]
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        code = compile(source, path, "exec")
+        exec(code, module.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as error:  # the program's own failure: print it like Python does
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        traceback.print_exception(type(error), error, tb)
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+def _report(fd: int, record: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+
+
+def _exit_record(status: int) -> dict[str, int]:
+    if os.WIFSIGNALED(status):
+        return {"signal": os.WTERMSIG(status)}
+    return {"code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED}
+
+
+def _exit_code(error: SystemExit) -> int:
+    if error.code is None:
+        return 0
+    if isinstance(error.code, int):
+        return error.code & 0xFF
+    print(error.code, file=sys.stderr)
+    return 1
+
+
+def worker(config: dict[str, Any], iso: dict[str, Any]) -> None:
+    """The process that becomes the program (never returns)."""
+    fd = config["report_fd"]
+    try:
+        nproc = set_limits(config["limits"], config["host_uid"], iso)
+        iso["nproc"] = nproc
+        iso["caps_dropped"] = drop_capabilities()
+        fork = nproc != "guard"
+        hook = make_guard(
+            config["workdir"],
+            network=config["network"],
+            spawn=fork and (bool(iso.get("netns")) or config["network"]),
+            fork=fork,
+        )
+        _report(fd, {"isolation": iso})
+        os.close(fd)
+    except Exception as error:  # setup failed: the program must not run unconfined
+        print(f"modelbench sandbox setup failed: {error!r}", file=sys.stderr)
+        os._exit(SETUP_FAILED)
+    sys.addaudithook(hook)
+    try:
+        run_program(os.path.join(config["workdir"], config["program"]))
+        code = 0
+    except SystemExit as error:
+        code = _exit_code(error)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a broken stream must not change the verdict
+            stream.flush()
+    os._exit(code)
+
+
+def init(config: dict[str, Any], iso: dict[str, Any]) -> None:
+    """PID 1 of the new namespace (or a plain parent): set up mounts, reap, report."""
+    fd = config["report_fd"]
+    if iso.get("mountns"):
+        try:
+            iso.update(lock_filesystem(config["workdir"], config["home"]))
+        except OSError as error:
+            iso["readonly_fs"] = False
+            iso["mount_error"] = str(error)
+    child = os.fork()
+    if child == 0:
+        worker(config, iso)
+    while True:  # as PID 1 we also reap orphans; stop when the worker is done
+        pid, status = os.wait()
+        if pid == child:
+            break
+    _report(fd, {"exit": _exit_record(status)})
+    os._exit(0)
+
+
+def main() -> None:
+    config: dict[str, Any] = json.loads(sys.argv[1])
+    iso: dict[str, Any] = {"cgroup": False}
+    if config.get("cgroup_procs"):
+        try:
+            _write(config["cgroup_procs"], str(os.getpid()))
+            iso["cgroup"] = True
+        except OSError as error:
+            iso["cgroup_error"] = str(error)
+    if config["isolate"]:
+        try:
+            iso.update(unshare_namespaces(config["network"]))
+        except OSError as error:
+            iso["namespaces"] = str(error)
+    child = os.fork()  # after CLONE_NEWPID only children enter the new namespace
+    if child == 0:
+        try:
+            init(config, iso)
+        finally:
+            os._exit(SETUP_FAILED)
+    _, status = os.waitpid(child, 0)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED)
+
+
+if __name__ == "__main__":
+    main()
