@@ -20,7 +20,7 @@ from filelock import FileLock
 
 from pytest_modelbench.backends.base import Backend, ItemContext
 from pytest_modelbench.endpoint import EndpointManager
-from pytest_modelbench.errors import EvaluationError
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.fingerprint import (
     FINGERPRINT_VERSION,
     describe_changes,
@@ -161,13 +161,18 @@ class ItemEvaluator:
         if self._restart_source is False:
             from pytest_modelbench.resume import resolve_run_ref
 
-            ref = self.options.restart or self.store.read_manifest().get("restart_from_path")
             source = None
-            if ref:
+            if self.options.restart:
                 source = resolve_run_ref(
-                    self.store.directory.parent, str(ref), self.store.directory
+                    self.store.directory.parent, self.options.restart, self.store.directory
                 )
                 self.store.init(restart_from=source.name, restart_from_path=str(source.absolute()))
+            elif remembered := self.store.read_manifest().get("restart_from_path"):
+                # a later session of a restarted run: keep seeding while the old run is there
+                with contextlib.suppress(ModelbenchUsageError):
+                    source = resolve_run_ref(
+                        self.store.directory.parent, str(remembered), self.store.directory
+                    )
             self._restart_source = source
         assert self._restart_source is not True
         return self._restart_source
