@@ -1,0 +1,322 @@
+"""The ``modelbench`` console command: rebuild reports, compare runs, export data, list runs/models.
+
+    modelbench report RUN                 rebuild report.html, leaderboard.*, results.parquet
+    modelbench compare RUN_A RUN_B        paired per-variant deltas (B - A) with p-values, win rates
+    modelbench export RUN --format csv    one normalised row per example (parquet or csv)
+    modelbench runs                       run directories with their status
+    modelbench models --api-base-url URL  the models an OpenAI-compatible endpoint serves
+
+RUN is a run directory, a run id under ``--run-dir`` (default ``runs``), or
+``latest``. Bad input prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench.reporting.model import RunNotFound, list_runs, load_run, resolve_run
+from pytest_modelbench.store import MANIFEST, read_json
+
+USAGE_ERROR = 2
+STALE_AFTER_S = 600  # a "running" item not updated for this long belongs to a dead session
+
+
+class CliError(Exception):
+    """A user mistake or unreachable resource: printed as one line, exit status 2."""
+
+
+def _run_dir_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path("runs"),
+        metavar="DIR",
+        help="parent directory of run directories (default: runs)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modelbench", description="Reports, comparisons and exports of pytest-modelbench runs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    report = sub.add_parser("report", help="rebuild report.html, leaderboard.* and results.parquet")
+    report.add_argument("run", metavar="RUN", help="run directory, run id, or 'latest'")
+    report.add_argument(
+        "--examples",
+        type=int,
+        default=5,
+        metavar="N",
+        help="wrong/errored examples shown per item (default 5)",
+    )
+    report.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the files here instead of the run directory",
+    )
+    _run_dir_arg(report)
+
+    compare = sub.add_parser("compare", help="paired per-variant deltas and win rates of two runs")
+    compare.add_argument("run_a", metavar="RUN_A")
+    compare.add_argument("run_b", metavar="RUN_B")
+    compare.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    _run_dir_arg(compare)
+
+    export = sub.add_parser("export", help="one normalised row per example as parquet or csv")
+    export.add_argument("run", metavar="RUN")
+    export.add_argument("--format", choices=("parquet", "csv"), required=True)
+    export.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="output file (default: results.<format> in the run directory)",
+    )
+    _run_dir_arg(export)
+
+    runs = sub.add_parser("runs", help="list run directories with their status")
+    runs.add_argument("--format", choices=("text", "json"), default="text")
+    _run_dir_arg(runs)
+
+    models = sub.add_parser("models", help="list the models an OpenAI-compatible endpoint serves")
+    models.add_argument(
+        "--api-base-url", required=True, metavar="URL", help="e.g. http://localhost:8000/v1"
+    )
+    models.add_argument(
+        "--api-key-var",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding the API key (default OPENAI_API_KEY)",
+    )
+    models.add_argument("--timeout", type=float, default=10.0, metavar="SEC")
+    return parser
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _run(name: str, runs_dir: Path) -> Path:
+    try:
+        return resolve_run(name, runs_dir)
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pytest_modelbench.reporting.html import write_report
+    from pytest_modelbench.reporting.leaderboard import write_leaderboards
+    from pytest_modelbench.reporting.rows import PARQUET_NAME, ParquetUnavailable, write_parquet
+
+    if args.examples < 0:
+        raise CliError(f"--examples: expected a whole number >= 0, got {args.examples}")
+    run = load_run(_run(args.run, args.run_dir))
+    out = args.output or run.directory
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [
+        write_report(run, out / "report.html", examples=args.examples),
+        *write_leaderboards(run, out),
+    ]
+    try:
+        write_parquet(run, out / PARQUET_NAME)
+        paths.append(out / PARQUET_NAME)
+    except ParquetUnavailable as exc:
+        print(f"modelbench: {PARQUET_NAME} skipped: {exc}", file=sys.stderr)
+    print(f"{run.run_id}: {len(run.items)} items, status {run.status()}")
+    for path in paths:
+        print(f"  wrote {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pytest_modelbench.reporting.compare import compare_runs, render_text
+
+    run_a = load_run(_run(args.run_a, args.run_dir))
+    run_b = load_run(_run(args.run_b, args.run_dir))
+    for run in (run_a, run_b):
+        if not run.items:
+            raise CliError(f"{run.directory}: the run has no items yet (nothing to compare)")
+    comparison = compare_runs(run_a, run_b)
+    if args.format == "json":
+        print(json.dumps(comparison.as_dict(), indent=2))
+    else:
+        sys.stdout.write(render_text(comparison, markdown=args.format == "markdown"))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pytest_modelbench.reporting.rows import ParquetUnavailable, write_csv, write_parquet
+
+    run = load_run(_run(args.run, args.run_dir))
+    path = args.output or run.directory / f"results.{args.format}"
+    try:
+        count = write_parquet(run, path) if args.format == "parquet" else write_csv(run, path)
+    except ParquetUnavailable as exc:
+        raise CliError(f"export --format parquet: {exc} (or use --format csv)") from None
+    except OSError as exc:
+        raise CliError(f"--output {path}: cannot write: {exc.strerror or exc}") from None
+    print(f"wrote {count} rows to {path}")
+    return 0
+
+
+def _parse_time(text: Any) -> dt.datetime | None:
+    try:
+        return dt.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        return None
+
+
+def run_status(manifest: dict[str, Any], failed: int, now: dt.datetime | None = None) -> str:
+    """finished | failed (gate failures) | error | running | interrupted | empty."""
+    items = list((manifest.get("items") or {}).values())
+    if not items:
+        return "empty"
+    statuses = [str(i.get("status")) for i in items]
+    if "running" in statuses:
+        updated = _parse_time(manifest.get("updated_at"))
+        now = now or dt.datetime.now(dt.timezone.utc)
+        if updated is not None and (now - updated).total_seconds() < STALE_AFTER_S:
+            return "running"
+        return "interrupted"
+    if "error" in statuses:
+        return "error"
+    return "failed" if failed else "finished"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    if not args.run_dir.is_dir():
+        raise CliError(
+            f"--run-dir {args.run_dir}: no such directory (run pytest first, or pass --run-dir DIR)"
+        )
+    rows = []
+    for path in list_runs(args.run_dir):
+        manifest = read_json(path / MANIFEST) or {}
+        board = read_json(path / "leaderboard.json") or {}
+        failed = sum(
+            1
+            for item in board.get("items") or []
+            if str(item.get("verdict", "")).startswith("fail")
+        )
+        items = list((manifest.get("items") or {}).values())
+        rows.append(
+            {
+                "run_id": path.name,
+                "run_name": manifest.get("run_name", ""),
+                "created_at": manifest.get("created_at", ""),
+                "updated_at": manifest.get("updated_at", ""),
+                "items": len(items),
+                "finished": sum(1 for i in items if i.get("status") == "finished"),
+                "errors": sum(1 for i in items if i.get("status") == "error"),
+                "gate_failures": failed,
+                "status": run_status(manifest, failed),
+                "path": str(path),
+            }
+        )
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no runs in {args.run_dir}")
+        return 0
+    table = [["run", "name", "created", "items", "finished", "errors", "gate fails", "status"]]
+    table += [
+        [
+            r["run_id"],
+            str(r["run_name"]),
+            str(r["created_at"]),
+            str(r["items"]),
+            str(r["finished"]),
+            str(r["errors"]),
+            str(r["gate_failures"]),
+            r["status"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for n, row in enumerate(table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+    return 0
+
+
+def fetch_models(base_url: str, api_key: str | None, timeout: float) -> list[dict[str, Any]]:
+    """``GET <base_url>/models`` of an OpenAI-compatible server; CliError naming the fix."""
+    if not base_url.startswith(("http://", "https://")):
+        raise CliError(f"--api-base-url: expected http(s)://host:port/v1, got {base_url!r}")
+    url = base_url.rstrip("/") + "/models"
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        hint = {
+            401: "set the key's variable with --api-key-var VAR",
+            403: "the key is not allowed to list models",
+            404: "is the path right? OpenAI-compatible servers serve /v1/models "
+            f"(try --api-base-url {base_url.rstrip('/')}/v1)",
+        }.get(exc.code, "check the server log")
+        raise CliError(f"GET {url}: HTTP {exc.code} {exc.reason}; {hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CliError(
+            f"cannot reach {url}: {reason} (is the server running? check --api-base-url)"
+        ) from None
+    try:
+        data = json.loads(body)
+        models = data["data"]
+        if not isinstance(models, list):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise CliError(
+            f'GET {url}: not an OpenAI-compatible models list (expected {{"data": [...]}})'
+        ) from None
+    return [m for m in models if isinstance(m, dict)]
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    models = fetch_models(args.api_base_url, os.environ.get(args.api_key_var), args.timeout)
+    if not models:
+        print(f"{args.api_base_url}: serves no models")
+        return 0
+    for model in models:
+        extra = f"  (max_model_len {model['max_model_len']})" if model.get("max_model_len") else ""
+        print(f"{model.get('id')}{extra}")
+    return 0
+
+
+COMMANDS = {
+    "report": cmd_report,
+    "compare": cmd_compare,
+    "export": cmd_export,
+    "runs": cmd_runs,
+    "models": cmd_models,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"modelbench {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

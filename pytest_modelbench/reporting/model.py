@@ -1,0 +1,307 @@
+"""What every report is drawn from: a run's items (:class:`ItemRecord`) as one :class:`RunData`.
+
+Two sources feed it: the controller's session records (``mb_*`` user
+properties, with fresh gate verdicts) and the run store (manifest +
+``summary.json``), so ``modelbench report RUN`` rebuilds the same reports
+without pytest. Verdicts are not in the store; they are read back from the
+``leaderboard.json`` an earlier session wrote, when the item's fingerprint
+still matches.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench.store import MANIFEST, RunStore, read_json, safe_component
+
+LEADERBOARD_JSON = "leaderboard.json"
+_STEP = re.compile(r"^(?P<base>.+)-step(?P<step>\d+)$")
+
+
+def _float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number else None  # NaN -> None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """One model x variant x seed item as the reports show it."""
+
+    item_id: str
+    model: str
+    env: str
+    variant: str
+    seed: int
+    metric: str = ""
+    score: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    stderr: float | None = None
+    n: int = 0
+    errors: int = 0
+    baseline: float | None = None
+    delta: float | None = None
+    p_value: float | None = None
+    verdict: str = ""
+    rule: str | None = None
+    message: str = ""  # the gate's paragraph, or the error that stopped the item
+    duration_s: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    from_store: bool = False
+    outcome: str = ""  # pytest outcome of this session ("" when read from the store only)
+    status: str = ""  # run store status: finished | running | error
+    module: str = ""
+    fingerprint: str = ""
+    path: str = ""  # item directory name inside the run directory
+    gate: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def checkpoint(self) -> tuple[str, int] | None:
+        """``(family, step)`` for checkpoint-sweep models named ``<name>-step<N>``."""
+        match = _STEP.match(self.model)
+        return (match["base"], int(match["step"])) if match else None
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict.startswith(("fail", "error")) or self.outcome == "failed"
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gate"] = dict(self.gate) if self.gate is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ItemRecord:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str, Any]:
+    """Score, CI, n, tokens, duration from an item's ``summary.json``."""
+    if not summary:
+        return {}
+    metric = metric or str(summary.get("primary_metric") or "")
+    entry = (summary.get("metrics") or {}).get(metric) or {}
+    tokens = summary.get("tokens") or {}
+    return {
+        "metric": metric,
+        "score": _float(entry.get("value")),
+        "ci_low": _float(entry.get("ci_low")),
+        "ci_high": _float(entry.get("ci_high")),
+        "stderr": _float(entry.get("stderr")),
+        "n": _int(entry.get("n")),
+        "errors": _int(summary.get("errors")),
+        "duration_s": _float(summary.get("duration_s")),
+        "prompt_tokens": _int(tokens.get("prompt")),
+        "completion_tokens": _int(tokens.get("completion")),
+        "fingerprint": str(summary.get("fingerprint") or ""),
+        "status": str(summary.get("status") or ""),
+    }
+
+
+def _record_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields of a session record (``mb_*`` user properties without the prefix)."""
+    gate = record.get("gate")
+    gate_data: dict[str, Any] | None = None
+    if isinstance(gate, str) and gate:
+        try:
+            gate_data = json.loads(gate)
+        except ValueError:
+            gate_data = None
+    elif isinstance(gate, Mapping):
+        gate_data = dict(gate)
+    message = str(record.get("error") or (gate_data or {}).get("message") or "")
+    out: dict[str, Any] = {
+        "verdict": str(record.get("verdict") or record.get("outcome") or ""),
+        "baseline": _float(record.get("baseline")),
+        "delta": _float(record.get("delta")),
+        "p_value": _float(record.get("p_value")),
+        "rule": record.get("rule"),
+        "gate": gate_data,
+        "message": message,
+        "from_store": bool(record.get("from_store")),
+        "outcome": str(record.get("outcome") or ""),
+    }
+    for key in ("metric", "score", "ci_low", "ci_high", "stderr", "n", "errors", "duration_s"):
+        if record.get(key) is not None:
+            out[key] = record[key]
+    return out
+
+
+_VERDICT_KEYS = ("verdict", "baseline", "delta", "p_value", "rule", "gate", "message")
+
+
+def build_item(
+    item_id: str,
+    entry: Mapping[str, Any],
+    summary: Mapping[str, Any] | None,
+    metadata: Mapping[str, Any] | None,
+    record: Mapping[str, Any] | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> ItemRecord:
+    """Merge the manifest entry, summary, metadata, a session record and a previous report row."""
+    variant_meta = (metadata or {}).get("variant") or {}
+    model_meta = (metadata or {}).get("model") or {}
+    data: dict[str, Any] = {
+        "item_id": item_id,
+        "model": str(
+            (record or {}).get("model") or entry.get("model") or model_meta.get("name") or ""
+        ),
+        "env": str((record or {}).get("env") or entry.get("env") or variant_meta.get("env") or ""),
+        "variant": str(
+            (record or {}).get("variant") or entry.get("variant") or variant_meta.get("id") or ""
+        ),
+        "seed": _int((record or {}).get("seed", entry.get("seed", (metadata or {}).get("seed")))),
+        "module": str(variant_meta.get("module") or ""),
+        "status": str(entry.get("status") or ""),
+        "path": str(entry.get("path") or safe_component(item_id)),
+    }
+    data.update(_summary_fields(summary, str((record or {}).get("metric") or "")))
+    if not data.get("status"):
+        data["status"] = str(entry.get("status") or "")
+    if record is not None:
+        data.update(_record_fields(record))
+    elif (
+        previous
+        and previous.get("fingerprint")
+        and previous.get("fingerprint") == data.get("fingerprint")
+    ):
+        data.update({k: previous.get(k) for k in (*_VERDICT_KEYS, "from_store", "outcome")})
+    elif entry.get("status") == "error" and entry.get("error"):
+        data.update(verdict="error", message=str(entry["error"]))
+    data["verdict"] = str(data.get("verdict") or "")
+    data["message"] = str(data.get("message") or "")
+    return ItemRecord.from_dict(data)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A run directory's items, ready for reports."""
+
+    run_id: str
+    directory: Path
+    items: tuple[ItemRecord, ...]
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    generated_at: str = ""
+
+    @property
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(item.model for item in self.items))
+
+    @property
+    def variants(self) -> list[str]:
+        return list(dict.fromkeys(item.variant for item in self.items))
+
+    def item_dir(self, item: ItemRecord) -> Path:
+        return self.directory / (item.path or safe_component(item.item_id))
+
+    def status(self) -> str:
+        """``finished`` | ``failed`` (an item failed its gate or errored) | ``incomplete``."""
+        statuses = [item.status for item in self.items]
+        if any(s == "running" for s in statuses) or not self.items:
+            return "incomplete"
+        if any(item.failed or item.status == "error" for item in self.items):
+            return "failed"
+        return "finished"
+
+
+class RunNotFound(Exception):
+    """The named run directory does not exist or is not a run (message says which and why)."""
+
+
+def resolve_run(name: str, runs_dir: Path) -> Path:
+    """A run given as a directory path, a run id under ``runs_dir``, or ``latest``."""
+    candidates = [Path(name), runs_dir / name]
+    if name == "latest":
+        runs = list_runs(runs_dir)
+        if not runs:
+            raise RunNotFound(f"latest: no runs under {runs_dir} (pass --run-dir DIR)")
+        return runs[-1]
+    for path in candidates:
+        if (path / MANIFEST).is_file():
+            return path
+    shown = ", ".join(p.name for p in list_runs(runs_dir)[-5:]) or "none"
+    raise RunNotFound(
+        f"{name}: not a run directory (no {MANIFEST} in {candidates[0]} or {candidates[1]}); "
+        f"recent runs in {runs_dir}: {shown} (list them with 'modelbench runs')"
+    )
+
+
+def list_runs(runs_dir: Path) -> list[Path]:
+    """Run directories under ``runs_dir``, oldest first (by manifest ``created_at``)."""
+    if not runs_dir.is_dir():
+        return []
+    found: list[tuple[str, str, Path]] = []
+    for manifest in runs_dir.glob(f"*/{MANIFEST}"):
+        data = read_json(manifest) or {}
+        found.append((str(data.get("created_at", "")), manifest.parent.name, manifest.parent))
+    return [path for _, _, path in sorted(found)]
+
+
+def load_run(
+    directory: Path,
+    records: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    only_records: bool = False,
+) -> RunData:
+    """The run's items: the manifest's, with this session's ``records`` (fresher) merged in.
+
+    ``only_records`` keeps just the session's items (the pytest-html report
+    describes the session, the run directory's reports the whole run).
+    """
+    store = RunStore(directory)
+    manifest = store.read_manifest()
+    entries: Mapping[str, Any] = manifest.get("items") or {}
+    previous = _previous_items(directory)
+    by_record = {str(r.get("item")): r for r in records or [] if r.get("item")}
+    ids: Iterable[str] = by_record if only_records else dict.fromkeys([*entries, *by_record])
+    items = []
+    for item_id in ids:
+        item_store = store.item(item_id)
+        items.append(
+            build_item(
+                item_id,
+                entries.get(item_id) or {},
+                item_store.read_summary(),
+                item_store.read_metadata(),
+                by_record.get(item_id),
+                previous.get(item_id),
+            )
+        )
+    return RunData(
+        run_id=directory.name,
+        directory=directory,
+        items=tuple(items),
+        manifest=manifest,
+        generated_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    )
+
+
+def _previous_items(directory: Path) -> dict[str, Mapping[str, Any]]:
+    data = read_json(directory / LEADERBOARD_JSON) or {}
+    return {
+        str(row.get("item_id")): row for row in data.get("items") or [] if isinstance(row, dict)
+    }

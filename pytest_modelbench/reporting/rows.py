@@ -1,0 +1,258 @@
+"""Per-example data in one normalised shape for every backend: ``results.parquet`` and CSV.
+
+Every backend writes ``results.jsonl`` rows with ``example_id``, ``rollout``,
+``metrics``, ``score``, ``tokens``, ``latency_s``, ``error`` (plus prompt,
+completion, gold, extracted); :func:`normal_row` turns one into the
+versioned schema below, documented in ``docs/reports.md``. pyarrow is
+imported only when a parquet file is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench.reporting.model import ItemRecord, RunData
+from pytest_modelbench.store import Journal
+
+PARQUET_SCHEMA_VERSION = 1
+PARQUET_NAME = "results.parquet"
+
+# (column, arrow type name, meaning) — the documented schema, version PARQUET_SCHEMA_VERSION
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("schema_version", "int32", "version of this schema"),
+    ("run_id", "string", "run directory name"),
+    ("item_id", "string", "pytest item id: <model>-<variant>-seed<seed>"),
+    ("model", "string", "model name (checkpoints: <name>-step<N>)"),
+    ("environment", "string", "environment name (configs/envs/<name>.yaml or module)"),
+    ("variant", "string", "environment variant id"),
+    ("module", "string", "backend module (gsm8k, jsonl, verifiers:<id>, lm_eval:<task>)"),
+    ("seed", "int64", "item seed"),
+    ("example_id", "string", "example id within the variant"),
+    ("rollout", "int32", "rollout index (0 when one rollout per example)"),
+    ("metric", "string", "name of the item's primary metric"),
+    ("score", "float64", "primary metric of this example; null when it errored"),
+    ("metrics", "map<string,float64>", "every numeric metric of this example"),
+    ("prompt_tokens", "int64", "prompt tokens reported by the server (null if unknown)"),
+    ("completion_tokens", "int64", "completion tokens reported by the server (null if unknown)"),
+    ("latency_s", "float64", "request latency in seconds, retries included"),
+    ("attempts", "int32", "requests made for this example (1 = no retry)"),
+    ("error", "string", "why the example has no score (null when scored)"),
+    ("finish_reason", "string", "the server's finish_reason"),
+    ("prompt", "string", "the prompt (last user message for chat)"),
+    ("completion", "string", "the model's answer"),
+    ("gold", "string", "reference answer (JSON text when not a string)"),
+    ("extracted", "string", "answer extracted for scoring (JSON text when not a string)"),
+)
+COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def row_score(item: ItemRecord, row: Mapping[str, Any]) -> float | None:
+    """The example's primary score (``score``, else ``metrics[item.metric]``); None if errored."""
+    if row.get("error"):
+        return None
+    score = _number(row.get("score"))
+    if score is None:
+        metrics = row.get("metrics")
+        if isinstance(metrics, Mapping):
+            score = _number(metrics.get(item.metric))
+    return score
+
+
+def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[str, Any]:
+    """One journal row in the normalised schema (missing fields become null)."""
+    raw_metrics = row.get("metrics") or {}
+    metrics = (
+        {str(k): v for k, v in ((k, _number(v)) for k, v in raw_metrics.items()) if v is not None}
+        if isinstance(raw_metrics, Mapping)
+        else {}
+    )
+    error = row.get("error")
+    score = row_score(item, row)
+    raw_tokens = row.get("tokens")
+    tokens: Mapping[str, Any] = raw_tokens if isinstance(raw_tokens, Mapping) else {}
+    return {
+        "schema_version": PARQUET_SCHEMA_VERSION,
+        "run_id": run_id,
+        "item_id": item.item_id,
+        "model": item.model,
+        "environment": item.env,
+        "variant": item.variant,
+        "module": item.module or None,
+        "seed": item.seed,
+        "example_id": str(row.get("example_id")),
+        "rollout": _optional_int(row.get("rollout")) or 0,
+        "metric": item.metric or None,
+        "score": score,
+        "metrics": metrics,
+        "prompt_tokens": _optional_int(tokens.get("prompt")),
+        "completion_tokens": _optional_int(tokens.get("completion")),
+        "latency_s": _number(row.get("latency_s")),
+        "attempts": _optional_int(row.get("attempts")),
+        "error": _text(error) if error else None,
+        "finish_reason": _text(row.get("finish_reason")),
+        "prompt": _text(row.get("prompt")),
+        "completion": _text(row.get("completion")),
+        "gold": _text(row.get("gold")),
+        "extracted": _text(row.get("extracted")),
+    }
+
+
+def item_rows(run: RunData, item: ItemRecord) -> list[dict[str, Any]]:
+    """The item's journal rows (last row per example/rollout), in example order."""
+    return list(Journal(run.item_dir(item) / "results.jsonl").read().values())
+
+
+def iter_rows(run: RunData) -> Iterator[dict[str, Any]]:
+    """Every example of every item of the run, normalised."""
+    for item in run.items:
+        for row in item_rows(run, item):
+            yield normal_row(run.run_id, item, row)
+
+
+@dataclass(frozen=True)
+class Example:
+    """A wrong or errored example shown in reports."""
+
+    example_id: str
+    rollout: int
+    score: float | None
+    error: str | None
+    prompt: str
+    completion: str
+    gold: str
+    extracted: str
+
+
+def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example]:
+    """The first ``limit`` errored or wrong examples (errors first, then score 0, then lowest)."""
+    if limit <= 0:
+        return []
+    raw = item_rows(run, item)
+    errored = [row for row in raw if row.get("error")]
+    scored = [(score, row) for row in raw if (score := row_score(item, row)) is not None]
+    top = max((score for score, _ in scored), default=None)
+    if top is not None and top <= 0:  # everything scored 0: all of them are wrong
+        wrong = [row for _, row in scored]
+    else:
+        below = [(score, i, row) for i, (score, row) in enumerate(scored) if score < (top or 0)]
+        wrong = [row for _, _, row in sorted(below, key=lambda t: (t[0], t[1]))]
+    rows = [normal_row(run.run_id, item, row) for row in [*errored, *wrong][:limit]]
+    return [
+        Example(
+            str(r["example_id"]),
+            int(r["rollout"]),
+            r["score"],
+            r["error"],
+            r["prompt"] or "",
+            r["completion"] or "",
+            r["gold"] or "",
+            r["extracted"] or "",
+        )
+        for r in rows
+    ]
+
+
+class ParquetUnavailable(Exception):
+    """pyarrow is not installed; the message names the extra to install."""
+
+
+def arrow_schema() -> Any:
+    """The pyarrow schema of ``results.parquet`` (imports pyarrow)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise ParquetUnavailable(
+            "results.parquet needs pyarrow: pip install 'pytest-modelbench[parquet]'"
+        ) from None
+    types = {
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "float64": pa.float64(),
+        "string": pa.string(),
+        "map<string,float64>": pa.map_(pa.string(), pa.float64()),
+    }
+    return pa.schema(
+        [pa.field(name, types[kind]) for name, kind, _ in COLUMNS],
+        metadata={
+            "modelbench.schema_version": str(PARQUET_SCHEMA_VERSION),
+            "modelbench.schema": "results",
+        },
+    )
+
+
+def write_parquet(run: RunData, path: Path, batch_rows: int = 50_000) -> int:
+    """Write every example row to ``path`` atomically; returns the number of rows."""
+    schema = arrow_schema()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    with pq.ParquetWriter(str(tmp), schema) as writer:
+        batch: list[dict[str, Any]] = []
+        for row in iter_rows(run):
+            row = {**row, "metrics": list(row["metrics"].items())}
+            batch.append(row)
+            if len(batch) >= batch_rows:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                count += len(batch)
+                batch = []
+        if batch or count == 0:
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+            count += len(batch)
+    os.replace(tmp, path)
+    return count
+
+
+def write_csv(run: RunData, path: Path) -> int:
+    """The same rows as CSV; ``metrics`` becomes one ``metric:<name>`` column per metric."""
+    rows = list(iter_rows(run))
+    metric_names = sorted({name for row in rows for name in row["metrics"]})
+    header = [c for c in COLUMN_NAMES if c != "metrics"] + [f"metric:{m}" for m in metric_names]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        for row in rows:
+            flat = [row[c] for c in COLUMN_NAMES if c != "metrics"]
+            writer.writerow(
+                ["" if v is None else v for v in flat]
+                + ["" if row["metrics"].get(m) is None else row["metrics"][m] for m in metric_names]
+            )
+    os.replace(tmp, path)
+    return len(rows)

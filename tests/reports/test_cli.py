@@ -1,0 +1,162 @@
+"""The ``modelbench`` console command: report, export, runs, models, and bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.cli import main, run_status
+from tests.reports.conftest import Project, configure, craft_run
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_modelbench.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["report", "nope"], "report: error: nope: not a run directory"),
+        (["compare", "a", "b", "--run-dir", "elsewhere"], "compare: error: a: not a run directory"),
+        (["export", "nope", "--format", "csv"], "export: error: nope: not a run directory"),
+        (["runs", "--run-dir", "missing"], "runs: error: --run-dir missing: no such directory"),
+        (["models", "--api-base-url", "localhost:8000"], "expected http(s)://host:port/v1"),
+        (
+            ["models", "--api-base-url", "http://127.0.0.1:9/v1"],
+            "cannot reach http://127.0.0.1:9/v1/models",
+        ),
+        (["export", "x", "--format", "xml"], "invalid choice: 'xml'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_status_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_models_lists_what_the_endpoint_serves(
+    sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = sim(models=["alpha-7b", "beta-13b"])
+    assert main(["models", "--api-base-url", server.base_url]) == 0
+    assert capsys.readouterr().out.split() == [
+        "alpha-7b",
+        "(max_model_len",
+        "4096)",
+        "beta-13b",
+        "(max_model_len",
+        "4096)",
+    ]
+    assert main(["models", "--api-base-url", server.base_url.removesuffix("/v1")]) == 2
+    assert "HTTP 404" in capsys.readouterr().err
+
+
+def test_report_rebuilds_from_the_store_keeping_verdicts(
+    project: Project, sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = sim(accuracy=0.5, lookup={})
+    configure(project, server.base_url, ("alpha", "beta"), n=30)
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text("qa: {min: 0.9}\n")
+    project.pytester.runpytest("benchmarks/", "--model", "alpha,beta").assert_outcomes(
+        passed=1, failed=1
+    )
+    (run_dir,) = project.run_dirs()
+    for name in (
+        "report.html",
+        "leaderboard.md",
+        "results.parquet",
+    ):  # leaderboard.json keeps verdicts
+        (run_dir / name).unlink()
+    assert main(["report", run_dir.name, "--run-dir", str(run_dir.parent)]) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir.name}: 2 items, status failed" in out
+    assert (run_dir / "report.html").exists() and (run_dir / "results.parquet").exists()
+    board = json.loads((run_dir / "leaderboard.json").read_text())
+    verdicts = {i["item_id"]: i["verdict"] for i in board["items"]}
+    assert verdicts == {"alpha-qa-seed0": "fail", "beta-qa-seed0": "no baseline"}
+    assert "below floor" in (run_dir / "report.html").read_text()
+
+
+def test_export_csv_and_parquet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = craft_run(
+        tmp_path, "r1", {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0, 0.0, 1.0]}}
+    )
+    assert (
+        main(["export", str(run_dir), "--format", "csv", "--output", str(tmp_path / "o.csv")]) == 0
+    )
+    assert "wrote 3 rows" in capsys.readouterr().out
+    lines = (tmp_path / "o.csv").read_text().splitlines()
+    assert lines[0].startswith(
+        "schema_version,run_id,item_id,model,environment,variant,module,seed,"
+    )
+    assert lines[0].endswith(",metric:accuracy") and len(lines) == 4
+    assert main(["export", "r1", "--run-dir", str(tmp_path), "--format", "parquet"]) == 0
+    assert (run_dir / "results.parquet").exists()
+
+
+def test_runs_lists_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    craft_run(
+        tmp_path,
+        "done",
+        {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0]}},
+        created_at="2025-01-01T00:00:00+0000",
+    )
+    craft_run(
+        tmp_path,
+        "broken",
+        {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0], "status": "error"}},
+        created_at="2025-01-02T00:00:00+0000",
+    )
+    craft_run(
+        tmp_path,
+        "stale",
+        {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0], "status": "running"}},
+        created_at="2025-01-03T00:00:00+0000",
+    )
+    assert main(["runs", "--run-dir", str(tmp_path), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["run_id"], r["status"]) for r in rows] == [
+        ("done", "finished"),
+        ("broken", "error"),
+        ("stale", "interrupted"),
+    ]
+    assert main(["runs", "--run-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        "run",
+        "name",
+        "created",
+        "items",
+        "finished",
+        "errors",
+        "gate",
+        "fails",
+        "status",
+    ]
+
+
+def test_run_status_running_when_recently_updated() -> None:
+    now = dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+    manifest = {"updated_at": "2025-01-01T11:58:00+0000", "items": {"a": {"status": "running"}}}
+    assert run_status(manifest, 0, now) == "running"
+    assert (
+        run_status({**manifest, "updated_at": "2025-01-01T10:00:00+0000"}, 0, now) == "interrupted"
+    )
+    assert run_status({"items": {"a": {"status": "finished"}}}, 1, now) == "failed"
+    assert run_status({}, 0, now) == "empty"
