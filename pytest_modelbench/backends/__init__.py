@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
-from pytest_modelbench.backends.base import Backend, ItemContext, known_module_names, resolve_builtin
+from pytest_modelbench.backends.base import (
+    Backend,
+    ItemContext,
+    known_module_names,
+    resolve_builtin,
+)
 
 __all__ = ["Backend", "ItemContext", "known_module_names", "resolve_builtin"]

@@ -75,15 +75,15 @@ _BACKEND_CACHE: dict[str, Backend] = {}
 class PrefixedBackend:
     """A backend addressed as ``<prefix>:<name>``, living in an optional extra.
 
-    ``module`` and ``factory`` name the class lazily, so resolving never imports
-    the heavy package; ``check`` (a ``module:function`` path) verifies the extra
-    is installed and usable, raising a usage error that names the install command.
+    ``module`` and ``factory`` name the class lazily; the module is ours and thin
+    (the heavy package is imported only when an item runs). Its ``require_extra``
+    checks the extra is installed in a supported version, else raises a usage
+    error that names the install command.
     """
 
     prefix: str
     module: str
     factory: str
-    extra: str
     what: str  # what follows the colon, for messages ("environment id", "task name or YAML path")
 
 
@@ -92,14 +92,12 @@ PREFIXED_BACKENDS: dict[str, PrefixedBackend] = {
         "verifiers",
         "pytest_modelbench.backends.verifiers_backend",
         "VerifiersBackend",
-        "verifiers",
         "environment id",
     ),
     "lm_eval": PrefixedBackend(
         "lm_eval",
         "pytest_modelbench.backends.lm_eval_backend",
         "LmEvalBackend",
-        "lm-eval",
         "task name or task YAML path",
     ),
 }

@@ -1,0 +1,273 @@
+"""lm-eval tasks through the plugin == the ``lm_eval`` command line on the same server."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.core.conftest import Project
+
+lm_eval = pytest.importorskip("lm_eval", reason="needs the lm-eval extra")
+
+N = 12
+TASK_YAML = """\
+task: toy_qa
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: data/toy.jsonl   # relative to this file; lm-eval itself reads it from the cwd
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_target: "{{answer}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  do_sample: false
+  temperature: 0.0
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: true
+filter_list:
+  - name: strict-match
+    filter:
+      - function: regex
+        regex_pattern: "The answer is (\\\\-?[0-9\\\\.\\\\,]+)"
+      - function: take_first
+  - name: flexible-extract
+    filter:
+      - function: regex
+        group_select: -1
+        regex_pattern: "(-?[$0-9.,]{2,})|(-?[0-9]+)"
+      - function: take_first
+metadata:
+  version: 1.0
+"""
+
+
+def _warm_up() -> None:
+    """Import lm-eval's stack at collection: pytester drops modules first imported during a test,
+    and numpy cannot be imported twice in one process (a normal pytest run needs nothing)."""
+    import datasets  # noqa: F401
+    import lm_eval.api.registry
+    import lm_eval.evaluator
+    import lm_eval.models.openai_completions
+    import sqlitedict  # noqa: F401
+
+    lm_eval.api.registry.get_model("local-completions")
+    if importlib.util.find_spec("torch") is not None:  # lm-eval records torch's env info
+        import torch.utils.collect_env  # noqa: F401
+    if importlib.util.find_spec("transformers") is not None:
+        import transformers  # noqa: F401
+
+
+_warm_up()
+
+
+def write_task(project: Project) -> Path:
+    """``tasks/toy_qa.yaml`` with its data in ``tasks/data/toy.jsonl``."""
+    tasks = project.root / "tasks"
+    (tasks / "data").mkdir(parents=True)
+    with (tasks / "data" / "toy.jsonl").open("w") as handle:
+        for i in range(N):
+            handle.write(
+                json.dumps({"question": f"toy: what is {i} + 1?", "answer": str(i + 1)}) + "\n"
+            )
+    (tasks / "toy_qa.yaml").write_text(TASK_YAML)
+    return tasks / "toy_qa.yaml"
+
+
+def lookup() -> dict[str, tuple[str, str]]:
+    """Keyed by the completion prompt lm-eval sends (doc_to_text, zero-shot)."""
+    return {
+        f"Question: toy: what is {i} + 1?\nAnswer:": (f"The answer is {i + 1}", f"I think {i + 7}")
+        for i in range(N)
+    }
+
+
+def configure(project: Project, url: str, *, api: str = "completions", **model: Any) -> None:
+    project.models(
+        {
+            "lm": {
+                "model": "sim-model",
+                "api_base_url": url,
+                "api": api,
+                "max_concurrent": 4,
+                **model,
+            }
+        }
+    )
+    project.env("toy", [{"id": "toy", "module": "lm_eval:tasks/toy_qa.yaml", "seeds": [42]}])
+
+
+def _cli(url: str, cwd: Path, out: Path) -> dict[str, Any]:
+    """The same evaluation with lm-eval's own command line (run where the YAML's data is found)."""
+    model_args = (
+        f"model=sim-model,base_url={url}/completions,num_concurrent=4,max_retries=6,"
+        "timeout=600,seed=42,tokenized_requests=False,tokenizer_backend=none"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            *(["run"] if importlib.util.find_spec("lm_eval._cli") else []),  # 0.4.12+
+            "--model",
+            "local-completions",
+            "--model_args",
+            model_args,
+            "--tasks",
+            "toy_qa.yaml",
+            "--seed",
+            "42",
+            "--output_path",
+            str(out),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.rglob("results_*.json")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+@pytest.mark.slow
+def test_plugin_equals_lm_eval_command_line(project: Project, sim: Any, tmp_path: Path) -> None:
+    write_task(project)
+    server = sim(accuracy=0.6, lookup=lookup())
+    configure(project, server.base_url)
+    result = project.pytester.runpytest("benchmarks/", "--model", "lm")
+    result.assert_outcomes(passed=1)
+    (run_dir,) = project.run_dirs()
+    item = run_dir / "lm-toy-seed42"
+    summary = json.loads((item / "summary.json").read_text())
+
+    cli = _cli(server.base_url, project.root / "tasks", tmp_path / "cli-out")["results"]["toy_qa"]
+    assert summary["primary_metric"] == "exact_match,strict-match"
+    for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
+        metric, flt = key.split(",")
+        assert summary["metrics"][key]["value"] == cli[key]
+        assert summary["metrics"][key]["stderr"] == cli[f"{metric}_stderr,{flt}"]
+        assert summary["metrics"][key]["n"] == N
+    assert 0 < cli["exact_match,strict-match"] < 1  # a mix, so equality means something
+    rows = [json.loads(line) for line in (item / "results.jsonl").open()]
+    assert len(rows) == N and {r["example_id"] for r in rows} == {str(i) for i in range(N)}
+    mean = sum(r["metrics"]["exact_match,strict-match"] for r in rows) / N
+    assert mean == pytest.approx(cli["exact_match,strict-match"], abs=1e-12)
+    row = rows[0]
+    assert row["prompt"] == "Question: toy: what is 0 + 1?\nAnswer:" and row["gold"] == "1"
+    assert set(row["extracted"]) == {"strict-match", "flexible-extract"}
+    assert summary["lm_eval"]["n-shot"] == {"toy_qa": 0} and summary["lm_eval"]["versions"]
+
+
+@pytest.mark.slow
+def test_interrupted_item_resends_only_unfinished_requests(project: Project, sim: Any) -> None:
+    write_task(project)
+    broken = sim(accuracy=1.0, lookup=lookup(), faults={"error_5xx": 0.3}, seed=1)
+    configure(
+        project, broken.base_url, max_retries=1, max_concurrent=1
+    )  # one at a time: repeatable
+    first = project.pytester.runpytest("benchmarks/", "--model", "lm")
+    first.assert_outcomes(errors=1)
+    first.stdout.fnmatch_lines(["*lm-eval failed*are cached in*not sent again when you re-run*"])
+    answered = {r.key for r in broken.requests if r.outcome == "ok"}
+    assert 0 < len(answered) < N
+    healthy = sim(accuracy=1.0, lookup=lookup())
+    configure(project, healthy.base_url, max_retries=1, max_concurrent=1)
+    second = project.pytester.runpytest("benchmarks/", "--model", "lm")
+    second.assert_outcomes(passed=1)
+    resent = [r.key for r in healthy.requests if r.path.endswith("completions")]
+    (run_dir,) = project.run_dirs()
+    summary = json.loads((run_dir / "lm-toy-seed42" / "summary.json").read_text())
+    cached = summary["lm_eval"]["cached_requests_at_start"]
+    # answers the client had read before the failure came from lm-eval's cache (an answer still
+    # in flight when lm-eval gave up is asked again); nothing is asked twice
+    assert 0 < cached <= len(answered) and len(resent) == len(set(resent)) == N - cached
+    assert summary["metrics"]["exact_match,strict-match"]["value"] == 1.0
+    assert summary["metrics"]["exact_match,strict-match"]["n"] == N
+
+
+def test_chat_endpoint_and_unknown_metric(project: Project, sim: Any) -> None:
+    write_task(project)
+    server = sim(accuracy=1.0, lookup=lookup())  # the user message is the same text
+    configure(project, server.base_url, api="chat")
+    result = project.pytester.runpytest("benchmarks/", "--model", "lm", "--num-examples", "4")
+    result.assert_outcomes(passed=1)
+    sent = [r for r in server.requests if "compl" in r.path]
+    assert len(sent) == 4 and all(r.path.endswith("/chat/completions") for r in sent)
+    (run_dir,) = project.run_dirs()
+    summary = json.loads((run_dir / "lm-toy-seed42" / "summary.json").read_text())
+    strict = summary["metrics"]["exact_match,strict-match"]
+    assert strict["value"] == 1.0 and strict["n"] == 4
+    project.env("toy", [{"id": "toy", "module": "lm_eval:tasks/toy_qa.yaml", "metric": "acc,none"}])
+    bad = project.pytester.runpytest("benchmarks/", "--model", "lm")
+    bad.assert_outcomes(errors=1)
+    bad.stdout.fnmatch_lines(
+        [
+            "*unknown metric 'acc,none'*reports: exact_match,strict-match, "
+            "exact_match,flexible-extract*"
+        ]
+    )
+
+
+def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_modelbench.backends import base, lm_eval_backend
+    from pytest_modelbench.errors import ModelbenchUsageError
+
+    monkeypatch.setattr(lm_eval_backend.importlib.util, "find_spec", lambda name: None)
+    base._BACKEND_CACHE.pop("lm_eval:hellaswag", None)
+    with pytest.raises(ModelbenchUsageError, match=r"pip install 'pytest-modelbench\[lm-eval\]'"):
+        base.resolve_builtin("lm_eval:hellaswag")
+
+
+@pytest.mark.slow
+def test_task_by_name_from_include_path(project: Project, sim: Any) -> None:
+    """``lm_eval:<name>`` finds your own task in ``include_path`` (data files still resolved)."""
+    write_task(project)
+    server = sim(accuracy=1.0, lookup=lookup())
+    configure(project, server.base_url)
+    project.env(
+        "toy",
+        [
+            {
+                "id": "toy",
+                "module": "lm_eval:toy_qa",
+                "seeds": [42],
+                "env_args": {"include_path": str(project.root / "tasks")},
+            }
+        ],
+    )
+    result = project.pytester.runpytest("benchmarks/", "--model", "lm", "--num-examples", "3")
+    result.assert_outcomes(passed=1)
+    (run_dir,) = project.run_dirs()
+    summary = json.loads((run_dir / "lm-toy-seed42" / "summary.json").read_text())
+    assert summary["metrics"]["exact_match,strict-match"]["value"] == 1.0
+    assert summary["metrics"]["exact_match,strict-match"]["n"] == 3
+
+
+@pytest.mark.parametrize("version", ["0.4.9.1", "0.5.0"])
+def test_unsupported_version_names_working_ones(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    from pytest_modelbench.backends import lm_eval_backend
+    from pytest_modelbench.errors import ModelbenchUsageError
+
+    monkeypatch.setattr(lm_eval_backend.importlib.metadata, "version", lambda name: version)
+    with pytest.raises(ModelbenchUsageError) as info:
+        lm_eval_backend.require_extra("lm_eval:gsm8k")
+    assert f"lm-eval {version} is installed" in str(info.value)
+    assert "pip install 'lm-eval[api]>=0.4.12,<0.5'" in str(info.value)
