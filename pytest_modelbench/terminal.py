@@ -96,15 +96,8 @@ def write_summary_table(
             "verdict",
         ]
     ]
-    for rec in sorted(
-        records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))
-    ):
-        low, high = rec.get("ci_low"), rec.get("ci_high")
-        ci = (
-            f"[{low:.3f}, {high:.3f}]"
-            if isinstance(low, float) and isinstance(high, float)
-            else "-"
-        )
+    for rec in _ordered(records):
+        ci = _ci_text(rec)
         verdict = rec.get("verdict") or rec.get("outcome", "-")
         if rec.get("from_store") and verdict != "error":
             verdict += " (from store)"
@@ -137,6 +130,18 @@ def write_recomputed(reporter: Any, records: Sequence[dict[str, Any]]) -> None:
             reporter.write_line(f"recomputed {rec.get('item')}: {rec['recomputed']}")
 
 
+def _ordered(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records by model, variant, seed: the order of every table."""
+    return sorted(
+        records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))
+    )
+
+
+def _ci_text(rec: dict[str, Any]) -> str:
+    low, high = rec.get("ci_low"), rec.get("ci_high")
+    return f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
+
+
 def write_markdown_summary(
     path: Path, records: Sequence[dict[str, Any]], run_dir: Path | None
 ) -> None:
@@ -147,15 +152,8 @@ def write_markdown_summary(
         "| model | variant | seed | metric | score | 95% CI | n | baseline | Δ | verdict |",
         "|---|---|---:|---|---:|---|---:|---:|---:|---|",
     ]
-    for rec in sorted(
-        records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))
-    ):
-        low, high = rec.get("ci_low"), rec.get("ci_high")
-        ci = (
-            f"[{low:.3f}, {high:.3f}]"
-            if isinstance(low, float) and isinstance(high, float)
-            else "-"
-        )
+    for rec in _ordered(records):
+        ci = _ci_text(rec)
         lines.append(
             f"| {rec.get('model')} | {rec.get('variant')} | {rec.get('seed')} | {_fmt(rec.get('metric'))} | "
             f"{_fmt(rec.get('score'))} | {ci} | {_fmt(rec.get('n'))} | {_fmt(rec.get('baseline'))} | "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -144,3 +146,15 @@ def resolve_builtin(module: str) -> Backend | None:
     if backend is not None:
         _BACKEND_CACHE[module] = backend
     return backend
+
+
+@contextmanager
+def quiet_logger(name: str) -> Iterator[None]:
+    """Keep a chatty library logger (lm-eval, verifiers log every batch at INFO) at WARNING while it runs."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -20,15 +20,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import logging
 import math
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.base import ItemContext
+from pytest_modelbench.backends.base import ItemContext, quiet_logger
 from pytest_modelbench.backends.lm_eval_tasks import TaskSpec, task_manager, task_spec
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
@@ -95,18 +93,6 @@ def _check_args(item: PlannedItem) -> dict[str, Any]:
     if args.get("api", "chat") not in ("chat", "completions"):
         raise ModelbenchUsageError(f"{where}: env_args.api: expected 'chat' or 'completions'")
     return args
-
-
-@contextmanager
-def _quiet_lm_eval() -> Iterator[None]:
-    """lm-eval logs every request batch at INFO; keep warnings only while it runs."""
-    logger = logging.getLogger("lm_eval")
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _number(value: Any) -> float | None:
@@ -213,7 +199,7 @@ class LmEvalBackend:
         ctx.progress.start(item.item_id, 0, 0)
         started = time.perf_counter()
         try:
-            with _quiet_lm_eval():
+            with quiet_logger("lm_eval"):
                 results = lm_eval.simple_evaluate(
                     model=lm,
                     tasks=[spec.spec],

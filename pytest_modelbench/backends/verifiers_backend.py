@@ -22,15 +22,13 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.base import ItemContext
+from pytest_modelbench.backends.base import ItemContext, quiet_logger
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.client import OpenAIClient, RetryPolicy
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
@@ -109,18 +107,6 @@ def _vf() -> Any:
             f"install verifiers{SUPPORTED}: {INSTALL}"
         )
     return verifiers
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """verifiers logs every rollout batch at INFO; keep warnings only while it runs."""
-    logger = logging.getLogger("verifiers")
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _message(message: Any) -> dict[str, Any]:
@@ -246,7 +232,7 @@ class VerifiersBackend:
             vf = _vf()
             where = f"{Path(item.variant.source).name}: variant {item.variant.id!r}"
             try:
-                with _quiet():
+                with quiet_logger("verifiers"):
                     self._envs[key] = vf.load_environment(self.env_id, **item.variant.env_args)
             except (ValueError, RuntimeError, TypeError, ImportError) as exc:
                 cause = exc.__cause__ or exc
@@ -387,7 +373,7 @@ class VerifiersBackend:
                 )
 
         try:
-            with _quiet():
+            with quiet_logger("verifiers"):
                 await env.generate(
                     todo,
                     client=client,
