@@ -64,6 +64,16 @@ def _process_groups() -> dict[int, str]:
     return found
 
 
+def _new_groups_after(before: set[int], seconds: float) -> dict[int, str]:
+    """vLLM process groups not in ``before`` still alive after waiting up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = {pgid: cmd for pgid, cmd in _process_groups().items() if pgid not in before}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(1)
+
+
 @requires_vllm
 def test_main_job_on_real_vllm(workdir: Path) -> None:
     before = set(_process_groups())
@@ -100,10 +110,7 @@ def test_main_job_on_real_vllm(workdir: Path) -> None:
     assert all(r["tokens"]["completion"] >= 1 for r in rows)  # a real model produced tokens
     (log,) = list((run_dir / "servers").glob("*.log"))
     assert "vllm" in log.read_text().lower()
-    deadline = time.monotonic() + 30
-    while set(_process_groups()) - before and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not set(_process_groups()) - before, "a vLLM process outlived the session"
+    assert not _new_groups_after(before, 30), "a vLLM process outlived the session"
 
 
 @requires_vllm
@@ -143,8 +150,5 @@ def test_sigkill_of_pytest_leaves_no_server(workdir: Path) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    deadline = time.monotonic() + 45
-    while set(_process_groups()) - before and time.monotonic() < deadline:
-        time.sleep(1)
-    left = {pgid: cmd for pgid, cmd in _process_groups().items() if pgid not in before}
+    left = _new_groups_after(before, 45)
     assert not left, f"orphaned vLLM processes after SIGKILL: {left}"
