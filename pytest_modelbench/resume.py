@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.errors import ModelbenchUsageError, one_of
-from pytest_modelbench.lastfailed import LastFailedRecorder, cache_get, cache_set
+from pytest_modelbench.lastfailed import LastFailedRecorder, cache_set
+from pytest_modelbench.scheduling.costs import DURATIONS_KEY, read_durations
 from pytest_modelbench.store import MANIFEST
 
-DURATIONS_KEY = "modelbench/durations"
+__all__ = ["DURATIONS_KEY", "ResumePlugin", "read_durations", "register", "resolve_run_ref"]
 
 
 def resolve_run_ref(parent: Path, ref: str, this_run: Path | None = None) -> Path:
@@ -40,14 +41,6 @@ def resolve_run_ref(parent: Path, ref: str, this_run: Path | None = None) -> Pat
         f"runs under {parent}: {one_of(runs)}. Give a run id from there "
         "or the path of a run directory"
     )
-
-
-def read_durations(config: pytest.Config) -> dict[str, float]:
-    """Seconds per item id from earlier sessions (the whole item, estimated when it was resumed)."""
-    saved = cache_get(config, DURATIONS_KEY, {})
-    if not isinstance(saved, dict):
-        return {}
-    return {str(k): float(v) for k, v in saved.items() if isinstance(v, (int, float))}
 
 
 class ResumePlugin:
