@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.backends.base import ItemContext, quiet_logger
+from pytest_modelbench.backends.lm_eval_progress import LmEvalProgress
 from pytest_modelbench.backends.lm_eval_tasks import TaskSpec, task_manager, task_spec
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
@@ -197,6 +198,7 @@ class LmEvalBackend:
         if "fewshot_as_multiturn" in args:
             extra["fewshot_as_multiturn"] = args["fewshot_as_multiturn"]
         ctx.progress.start(item.item_id, 0, 0)
+        LmEvalProgress(ctx.progress, item.item_id).attach(lm)
         started = time.perf_counter()
         try:
             with quiet_logger("lm_eval"):

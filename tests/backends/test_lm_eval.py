@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,19 @@ def test_unsupported_version_names_working_ones(
         lm_eval_backend.require_extra("lm_eval:gsm8k")
     assert f"lm-eval {version} is installed" in str(info.value)
     assert "pip install 'lm-eval[api]>=0.4.12,<0.5'" in str(info.value)
+
+
+def test_live_progress_counts_lm_eval_requests(project: Project, sim: Any) -> None:
+    write_task(project)
+    server = sim(accuracy=1.0, lookup=lookup(), latency=0.1)  # 12 requests, 2 at once: 0.6 s
+    configure(project, server.base_url, max_concurrent=2)
+    result = project.pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "lm", "--mb-progress-interval", "0.05", timeout=300
+    )
+    result.assert_outcomes(passed=1)
+    shown = [
+        (int(done), int(total))
+        for done, total in re.findall(r"lm-toy-seed42 (\d+)/(\d+) \(", result.stdout.str())
+    ]
+    assert shown and {total for _, total in shown} == {N}
+    assert any(0 < done < N for done, _ in shown)  # counted while running, not only at the end
