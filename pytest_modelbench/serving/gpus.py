@@ -7,9 +7,10 @@ Discovery is a chain of small providers, first answer wins: ``--gpus`` → the c
 a GPU outside the caller's ``CUDA_VISIBLE_DEVICES`` is never used, and GPUs whose memory is
 already in use by another process are skipped with a warning.
 
-Claims are ``flock`` locks on files in a host-local directory (default
-``$TMPDIR/modelbench-gpu-locks``), so xdist workers and separate pytest sessions on one node
-never take the same GPU; the kernel drops a lock when its process dies, even by SIGKILL.
+Claims are ``flock`` locks on files in a host-local directory (``$MODELBENCH_GPU_LOCK_DIR``,
+default ``$TMPDIR/modelbench-gpu-locks``), so xdist workers and separate pytest sessions on one
+node never take the same GPU; the kernel drops a lock when its process dies, even by SIGKILL.
+Each host claims its own GPUs: workers on other hosts (xdist ``--tx``) never contend.
 GPU ids are physical (as ``nvidia-smi`` numbers them, or ``GPU-<uuid>``) everywhere.
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "BUSY_ENV",
     "DEFAULT_BUSY_MIB",
     "FAKE_ENV",
+    "LOCK_DIR_ENV",
     "FakeGpuProvider",
     "Gpu",
     "GpuClaim",
@@ -57,6 +59,7 @@ __all__ = [
 
 FAKE_ENV = "MODELBENCH_FAKE_GPUS"  # "0:0,1:0,2:30000" = index:MiB-in-use (tests, dry runs)
 BUSY_ENV = "MODELBENCH_GPU_BUSY_MIB"
+LOCK_DIR_ENV = "MODELBENCH_GPU_LOCK_DIR"  # must be host-local: GPU ids only mean something per host
 DEFAULT_BUSY_MIB = 1024  # an idle GPU shows a few MiB; a loaded model, gigabytes
 _GPU_ID = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Za-z/_-]+)$")
 _NONE_WORDS = frozenset({"", "none", "cpu", "-1", "nodevfiles"})
@@ -336,8 +339,16 @@ def _warn_busy(gpu: Gpu, busy_mib: int) -> None:
 # --------------------------------------------------------------------------- claims
 
 
-def default_lock_dir() -> Path:
-    """Host-local and shared by all users of the node (sticky, world-writable like /tmp)."""
+def default_lock_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$MODELBENCH_GPU_LOCK_DIR``, else ``$TMPDIR/modelbench-gpu-locks``.
+
+    Host-local and shared by all users of the node (created sticky and world-writable, like
+    /tmp). Never point it at a shared filesystem: GPU 0 of one host is not GPU 0 of another.
+    """
+    environ = os.environ if environ is None else environ
+    override = environ.get(LOCK_DIR_ENV, "").strip()
+    if override:
+        return Path(override).expanduser()
     return Path(tempfile.gettempdir()) / "modelbench-gpu-locks"
 
 
@@ -438,8 +449,11 @@ def claim(
     probe: GpuProvider | None = None,
     busy_mib: int | None = None,
     wait_s: float = 0.0,
+    warn_tensor_parallel: bool = True,
 ) -> GpuClaim:
     """Lock ``n_per_server`` free GPUs for this process.
+
+    ``warn_tensor_parallel=False``: the caller warns itself (ServerPool, naming the model).
 
     Returns an empty (CPU) claim when the host has no GPU at all; raises
     :class:`NoFreeGpuError` when GPUs exist but fewer than ``n_per_server`` are free within
@@ -447,7 +461,7 @@ def claim(
     """
     if n_per_server < 1:
         raise ValueError(f"serve.gpus must be at least 1 to claim GPUs, got {n_per_server}")
-    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    lock_dir = default_lock_dir(environ) if lock_dir is None else Path(lock_dir)
     busy_mib = busy_threshold(environ) if busy_mib is None else busy_mib
     end = time.monotonic() + wait_s
     warned: set[str] = set()
@@ -455,7 +469,7 @@ def claim(
         inventory = discover_gpus(option, environ=environ, probe=probe)
         if not inventory.gpus:
             return GpuClaim((), inventory.source)
-        if n_per_server > 1:
+        if n_per_server > 1 and warn_tensor_parallel:
             warn_if_tensor_parallel(n_per_server)
         _ensure_lock_dir(lock_dir)
         held: list[tuple[Gpu, _GpuLock]] = []
@@ -522,7 +536,7 @@ def auto_num_workers(
     """Workers for ``-n auto``: one per group of free, unclaimed GPUs; 1 when there are none."""
     if gpus_per_server < 1:
         return 1
-    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    lock_dir = default_lock_dir(environ) if lock_dir is None else Path(lock_dir)
     busy_mib = busy_threshold(environ) if busy_mib is None else busy_mib
     inventory = discover_gpus(option, environ=environ, probe=probe)
     free = 0
@@ -539,18 +553,20 @@ def auto_num_workers(
     return max(1, free // gpus_per_server)
 
 
-def tensor_parallel_warning(gpus_per_server: int) -> str | None:
+def tensor_parallel_warning(gpus_per_server: int, model: str | None = None) -> str | None:
+    """The warning for tensor parallel > 1 (``model`` names the models.yaml entry), or None."""
     if gpus_per_server <= 1:
         return None
+    key = f"models.{model}.serve.gpus" if model else "serve.gpus"
     return (
-        f"serve.gpus: {gpus_per_server} runs every server with tensor parallel size "
+        f"{key}: {gpus_per_server} runs every server with tensor parallel size "
         f"{gpus_per_server}. For a model that fits on one GPU this changes results (a different "
         f"reduction order, so different greedy outputs) and is usually slower than "
         f"{gpus_per_server} servers of 1 GPU each; use serve.gpus: 1 unless the model does not fit"
     )
 
 
-def warn_if_tensor_parallel(gpus_per_server: int) -> None:
-    message = tensor_parallel_warning(gpus_per_server)
+def warn_if_tensor_parallel(gpus_per_server: int, model: str | None = None) -> None:
+    message = tensor_parallel_warning(gpus_per_server, model)
     if message:
         warnings.warn(GpuWarning(message), stacklevel=3)

@@ -118,3 +118,11 @@ def group_rss_mib(pids: list[int]) -> float:
 
 
 requires_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+
+
+@pytest.fixture
+def fake_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake vLLM on the pytester run's PYTHONPATH, a qa benchmark; the server start log."""
+    from tests.serving import fakevllm
+
+    return fakevllm.install(pytester.path, monkeypatch)

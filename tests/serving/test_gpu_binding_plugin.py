@@ -1,6 +1,6 @@
 """xdist workers bound to GPUs through the plugin, with a fake GPU inventory and a fake vLLM.
 
-The fake ``vllm`` package (first on ``PYTHONPATH`` of the workers) answers
+The fake ``vllm`` package (``fake_vllm`` fixture, tests/serving/fakevllm.py) answers
 ``python -m vllm.entrypoints.openai.api_server`` with a simulated server and
 records the ``CUDA_VISIBLE_DEVICES`` it was started with, so the real launch
 path (GPU claim, command line, environment, health wait, reuse, stop) runs.
@@ -8,76 +8,11 @@ path (GPU claim, command line, environment, health wait, reuse, stop) runs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-FAKE_SERVER = """
-import argparse, json, os, sys, time
-from pytest_modelbench.testing import SimConfig, SimServer
-
-parser = argparse.ArgumentParser()
-parser.add_argument("--model")
-parser.add_argument("--served-model-name")
-parser.add_argument("--port", type=int)
-parser.add_argument("--host", default="127.0.0.1")
-args, _ = parser.parse_known_args()
-with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
-    log.write(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "model": args.served_model_name,
-                          "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
-with SimServer(SimConfig(models=(args.served_model_name,), port=args.port, host=args.host)):
-    while True:
-        time.sleep(3600)
-"""
-
-BENCHMARK = "def test_benchmark(mb_eval):\n    mb_eval.check_baseline()\n"
-
-
-@pytest.fixture
-def fake_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = pytester.path
-    package = root / "fakevllm" / "vllm" / "entrypoints" / "openai"
-    package.mkdir(parents=True)
-    for folder in (package.parents[1], package.parents[0], package):
-        (folder / "__init__.py").write_text("")
-    (package / "api_server.py").write_text(FAKE_SERVER)
-    log = root / "servers.jsonl"
-    monkeypatch.setenv("PYTHONPATH", str(root / "fakevllm"))
-    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
-    monkeypatch.setenv("TMPDIR", str(root))  # private GPU lock directory
-    monkeypatch.setenv("MODELBENCH_CACHE", str(root / "cache"))
-    (root / "benchmarks").mkdir()
-    (root / "benchmarks" / "test_models.py").write_text(BENCHMARK)
-    (root / "configs" / "envs").mkdir(parents=True)
-    (root / "qa.jsonl").write_text(
-        "".join(json.dumps({"id": i, "question": f"q{i}", "answer": "a"}) + "\n" for i in range(5))
-    )
-    (root / "configs" / "envs" / "qa.yaml").write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "id": "qa",
-                    "module": "jsonl",
-                    "env_args": {"path": "qa.jsonl"},
-                    "seeds": [0, 1, 2, 3],
-                }
-            ]
-        )
-    )
-    return log
-
-
-def models(root: Path, gpus: int) -> None:
-    spec = {"serve": {"engine": "vllm", "gpus": gpus, "startup_timeout": 60}, "max_concurrent": 4}
-    (root / "configs" / "models.yaml").write_text(
-        yaml.safe_dump({"models": {"m1": {"model": "m1", **spec}, "m2": {"model": "m2", **spec}}})
-    )
-
-
-def starts(log: Path) -> list[dict[str, str]]:
-    return [json.loads(line) for line in log.read_text().splitlines()]
+from tests.serving.fakevllm import models, starts
 
 
 def test_each_worker_gets_its_own_free_gpu(

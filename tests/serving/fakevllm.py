@@ -1,0 +1,129 @@
+"""A fake ``vllm`` package for pytester runs: the real launch path, a simulated server.
+
+:func:`install` puts a ``vllm.entrypoints.openai.api_server`` module first on the
+``PYTHONPATH`` of the pytest run under test. ServerPool starts it exactly as it starts
+vLLM (GPU claim, command line, environment, health wait, reuse, stop); it serves a
+:class:`~pytest_modelbench.testing.SimServer` and appends one JSON line per start to
+``servers.jsonl`` (served name, ``--model`` path, ``CUDA_VISIBLE_DEVICES``, worker,
+``FAKE_HOST``, working directory), and every request to ``requests.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_modelbench.testing import RequestRecord, read_log
+
+FAKE_SERVER = """
+import argparse, json, os, sys, time
+from pytest_modelbench.testing import SimConfig, SimServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model")
+parser.add_argument("--served-model-name")
+parser.add_argument("--port", type=int)
+parser.add_argument("--host", default="127.0.0.1")
+args, rest = parser.parse_known_args()
+record = {
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+    "host": os.environ.get("FAKE_HOST"),
+    "cwd": os.getcwd(),
+    "model": args.served_model_name,
+    "path": args.model,
+    "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "flags": rest,
+}
+with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
+    log.write(json.dumps(record) + "\\n")
+config = SimConfig(
+    models=(args.served_model_name,),
+    port=args.port,
+    host=args.host,
+    log_path=os.environ.get("FAKE_VLLM_REQUESTS"),
+)
+with SimServer(config):
+    while True:
+        time.sleep(3600)
+"""
+
+BENCHMARK = "def test_benchmark(mb_eval):\n    mb_eval.check_baseline()\n"
+EXAMPLES = 5
+
+
+def install(
+    root: Path, monkeypatch: pytest.MonkeyPatch, seeds: tuple[int, ...] = (0, 1, 2, 3)
+) -> Path:
+    """The fake vLLM, a benchmark module and a ``qa`` environment under ``root``; the start log."""
+    package = root / "fakevllm" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for folder in (package.parents[1], package.parents[0], package):
+        (folder / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(FAKE_SERVER)
+    log = root / "servers.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(root / "fakevllm"))
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    monkeypatch.setenv("FAKE_VLLM_REQUESTS", str(root / "requests.jsonl"))
+    monkeypatch.setenv("TMPDIR", str(root))  # private GPU lock directory
+    monkeypatch.setenv("MODELBENCH_CACHE", str(root / "cache"))
+    for name in ("MODELBENCH_GPU_LOCK_DIR", "CUDA_VISIBLE_DEVICES", "MODELBENCH_FAKE_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "test_models.py").write_text(BENCHMARK)
+    (root / "configs" / "envs").mkdir(parents=True)
+    (root / "qa.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "question": f"q{i}", "answer": "a"}) + "\n"
+            for i in range(EXAMPLES)
+        )
+    )
+    qa_env(root, seeds)
+    return log
+
+
+def qa_env(root: Path, seeds: tuple[int, ...]) -> None:
+    """``configs/envs/qa.yaml``: the 5-question ``qa`` environment with these seeds."""
+    (root / "configs" / "envs" / "qa.yaml").write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "id": "qa",
+                    "module": "jsonl",
+                    "env_args": {"path": "qa.jsonl"},
+                    "seeds": list(seeds),
+                }
+            ]
+        )
+    )
+
+
+def serve_spec(gpus: int) -> dict[str, Any]:
+    return {"serve": {"engine": "vllm", "gpus": gpus, "startup_timeout": 60}, "max_concurrent": 4}
+
+
+def write_models(root: Path, models: dict[str, dict[str, Any]]) -> None:
+    (root / "configs" / "models.yaml").write_text(yaml.safe_dump({"models": models}))
+
+
+def models(root: Path, gpus: int, names: tuple[str, ...] = ("m1", "m2")) -> None:
+    """Served models named after themselves, ``serve.gpus: gpus`` each."""
+    write_models(root, {name: {"model": name, **serve_spec(gpus)} for name in names})
+
+
+def starts(log: Path) -> list[dict[str, Any]]:
+    """One record per server start, in order."""
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def requests(root: Path) -> list[RequestRecord]:
+    """Every request the fake servers answered, all servers together."""
+    path = root / "requests.jsonl"
+    return read_log(path) if path.exists() else []
