@@ -13,6 +13,7 @@ import importlib.metadata
 import platform
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def _entry(item: PlannedItem, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _common_error(rows: list[dict[str, Any]]) -> str:
+def _common_error(rows: Iterable[Mapping[str, Any]]) -> str:
     counts = Counter(str(r.get("error")) for r in rows if r.get("error"))
     if not counts:
         return ""
@@ -339,7 +340,7 @@ class ItemEvaluator:
             resumed_examples=summary.get("resumed_examples", 0),
         )
         if over_budget:
-            rows = list(item_store.journal.read().values())
+            rows = item_store.journal.latest()
             raise EvaluationError(
                 f"{item.item_id}: {summary['errors']} of {summary['expected']} examples failed "
                 f"({summary['error_rate']:.1%} > error budget {self.options.error_budget:.0%}, "

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,41 +124,78 @@ class Journal:
         """The last row per (example, rollout). Text after the last newline is ignored (a line
         being written, or torn by a crash: :meth:`repair` drops it); damaged lines are skipped
         with a warning (those examples are redone)."""
-        rows: dict[tuple[str, int], dict[str, Any]] = {}
-        good, damaged, _ = self._scan()
-        for row in good:
-            rows[row_key(row)] = row
-        if damaged:
-            warnings.warn(_damaged_warning(self.path, len(damaged)), stacklevel=2)
-        return rows
+        return {row_key(row): row for row in self.rows()}
 
-    def _scan(self) -> tuple[list[dict[str, Any]], list[bytes], bytes]:
-        """(parsed rows, damaged lines, unterminated tail) of the file as it is now."""
+    def rows(self, *, warn: bool = True) -> Iterator[dict[str, Any]]:
+        """Every whole row in file order, read line by line, so memory does not grow with the
+        journal; damaged lines are skipped (with a warning once the file is read)."""
+        damaged = 0
+        for _, row, terminated in self._scan():
+            if row is not None:
+                yield row
+            elif terminated:
+                damaged += 1
+        if damaged and warn:
+            warnings.warn(_damaged_warning(self.path, damaged), stacklevel=2)
+
+    def latest(
+        self, keep: Callable[[tuple[str, int]], bool] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The last row per (example, rollout) whose key ``keep`` accepts, in file order of
+        those rows: what :meth:`read` holds, streamed in two passes over the file that keep
+        only each key's line number in memory."""
+        last: dict[tuple[str, int], int] = {}
+        for n, row in enumerate(self.rows()):
+            key = row_key(row)
+            if keep is None or keep(key):
+                last[key] = n
+        if not last:
+            return
+        for n, row in enumerate(self.rows(warn=False)):
+            if last.get(row_key(row)) == n:
+                yield row
+
+    def finished_keys(self) -> set[tuple[str, int]]:
+        """(example, rollout) keys whose last row has no error: the units a resume skips."""
+        ok: dict[tuple[str, int], bool] = {}
+        for row in self.rows():
+            ok[row_key(row)] = not row.get("error")
+        return {key for key, good in ok.items() if good}
+
+    def _scan(self) -> Iterator[tuple[bytes, dict[str, Any] | None, bool]]:
+        """(line, its row or None when damaged, whether it ends in a newline) per non-blank
+        line of the file as it is now, streamed; an unterminated last line comes last."""
         try:
-            data = self.path.read_bytes()
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed below, also on early exit
         except FileNotFoundError:
-            return [], [], b""
-        lines = data.split(b"\n")
-        tail = lines.pop() if lines else b""
-        good: list[dict[str, Any]] = []
-        damaged: list[bytes] = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                row_key(row)
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
-                damaged.append(line)
-                continue
-            good.append(row)
-        return good, damaged, tail
+            return
+        with handle:
+            for raw in handle:
+                if not raw.endswith(b"\n"):
+                    yield raw, None, False
+                    return
+                line = raw[:-1]
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    row_key(row)
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+                    yield line, None, True
+                    continue
+                yield line, row, True
 
     def repair(self) -> int:
         """Before appending (under the item lock): move damaged lines and a torn last line (a
         crash mid-write) out to ``results.damaged.jsonl``, with a warning, so the journal holds
         only whole rows again. Returns how many lines were moved."""
-        good, damaged, tail = self._scan()
+        damaged: list[bytes] = []
+        tail = b""
+        for line, row, terminated in self._scan():
+            if not terminated:
+                tail = line
+            elif row is None:
+                damaged.append(line)
         torn = tail.strip()
         if not damaged and not torn:
             return 0
@@ -176,7 +213,7 @@ class Journal:
                 handle.write(b"".join(line + b"\n" for line in moved))
         except OSError as exc:
             raise StoreWriteError(exc.errno, f"cannot write {aside}: {exc.strerror}") from exc
-        atomic_write_text(self.path, "".join(_dumps(row) + "\n" for row in good))
+        atomic_write_text(self.path, "".join(_dumps(row) + "\n" for row in self.rows(warn=False)))
         return len(moved)
 
     def open(self) -> None:

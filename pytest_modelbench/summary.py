@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_modelbench import stats
@@ -33,15 +33,17 @@ def metric_summary(values_by_example: Mapping[str, Sequence[float]]) -> dict[str
 
 
 def summarise_rows(
-    rows: Sequence[Mapping[str, Any]], metric_names: Sequence[str], expected_units: int
+    rows: Iterable[Mapping[str, Any]], metric_names: Sequence[str], expected_units: int
 ) -> dict[str, Any]:
-    """Summary fields from journal rows (the last row per example/rollout)."""
+    """Summary fields from journal rows (the last row per example/rollout), read once, so
+    ``rows`` can stream from the journal (a row is not kept after it is counted)."""
     by_metric: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    errors = 0
+    n_rows = errors = 0
     prompt_tokens = completion_tokens = 0
     latency: list[float] = []
     retries = 0
     for row in rows:
+        n_rows += 1
         retries += max(0, int(row.get("attempts") or 1) - 1)
         if row.get("error"):
             errors += 1
@@ -58,8 +60,8 @@ def summarise_rows(
     latency.sort()
     return {
         "metrics": metrics,
-        "n_rows": len(rows),
-        "n_scored": len(rows) - errors,
+        "n_rows": n_rows,
+        "n_scored": n_rows - errors,
         "expected": expected_units,
         "errors": errors,
         "error_rate": errors / expected_units if expected_units else 0.0,

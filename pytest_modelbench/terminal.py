@@ -36,13 +36,25 @@ def write_plan(
         return
     rows = [["item", "model", "variant", "seed", "examples", "est. tokens"]]
     total_examples = total_tokens = 0
+    backends: dict[str, Any] = {}
+    # what an item counts depends on its variant, seed and limit, not on its model:
+    # a sweep over many models counts each (variant, seed) once
+    counts: dict[tuple[int, int, int], int | Exception] = {}
     for item in items:
-        backend = session.backend_for(item.variant.module)
-        try:
-            count = backend.count_examples(item)
-        except Exception as exc:  # the plan must print even when one variant's data is broken
+        module = item.variant.module
+        if module not in backends:
+            backends[module] = session.backend_for(module)
+        backend = backends[module]
+        key = (id(item.variant), item.seed, item.num_examples)
+        if key not in counts:
+            try:
+                counts[key] = backend.count_examples(item)
+            except Exception as exc:  # the plan must print even when one variant's data is broken
+                counts[key] = exc
+        count = counts[key]
+        if isinstance(count, Exception):
             rows.append(
-                [item.item_id, item.model_name, item.variant.id, str(item.seed), "?", f"({exc})"]
+                [item.item_id, item.model_name, item.variant.id, str(item.seed), "?", f"({count})"]
             )
             continue
         count *= item.variant.rollouts_per_example
@@ -61,8 +73,9 @@ def write_plan(
         )
     models = sorted({i.model_name for i in items})
     reporter.write_sep("=", "modelbench plan")
-    for line in _table(rows, right={3, 4, 5}):
-        reporter.write_line(line)
+    reporter.ensure_newline()
+    # one write for the whole table: per-line terminal writes dominate at 10k+ items
+    reporter.write("\n".join(_table(rows, right={3, 4, 5})) + "\n")
     reporter.write_line(
         f"{len(items)} items, {len(models)} model(s) ({', '.join(models)}), "
         f"{total_examples:,} examples, ~{total_tokens:,} tokens"

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from pytest_modelbench.tasks import Example, Score, SuiteArgumentError
 
@@ -27,36 +28,110 @@ def _normalise(text: str) -> str:
     return " ".join(text.strip().strip(".").lower().split())
 
 
-def _read(path: str) -> tuple[tuple[dict[str, Any], ...], str]:
-    """Rows and checksum of a JSONL file, cached while the file is unchanged."""
-    file = Path(path).resolve()
+def _stat(path: str) -> tuple[str, int, int]:
+    """(absolute path, mtime_ns, size): the cache key of a data file while it is unchanged."""
+    file = os.path.abspath(path)
     try:
-        stat = file.stat()
+        stat = os.stat(file)
     except OSError as exc:
         raise SuiteArgumentError(f"env_args.path: cannot read {path!r}: {exc.strerror}") from None
-    return _read_cached(str(file), stat.st_mtime_ns, stat.st_size)
+    return file, stat.st_mtime_ns, stat.st_size
 
 
-@lru_cache(maxsize=16)
-def _read_cached(path: str, mtime_ns: int, size: int) -> tuple[tuple[dict[str, Any], ...], str]:
-    file = Path(path)
+@dataclass(frozen=True)
+class _Columns:
+    """What the examples of one data file need, one tuple per field (a 100k-line file holds
+    three strings a line, not a parsed row and a built example per line)."""
+
+    checksum: str
+    ids: tuple[str, ...]
+    questions: tuple[str, ...]
+    answers: tuple[str, ...]
+
+
+@lru_cache(maxsize=4)
+def _read_cached(file: tuple[str, int, int], shown: str, q_field: str, a_field: str) -> _Columns:
+    """Read a JSONL file line by line (checksum included), keeping only ids, questions, answers."""
+    path = file[0]
+    digest = hashlib.sha256()
+    ids: list[str] = []
+    questions: list[str] = []
+    answers: list[str] = []
     try:
-        raw = file.read_bytes()
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                digest.update(raw)
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise SuiteArgumentError(
+                        f"{path}: line {number}: not UTF-8 text ({exc.reason}); save the file as UTF-8"
+                    ) from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SuiteArgumentError(
+                        f"{path}: line {number}: invalid JSON: {exc.msg}"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise SuiteArgumentError(f"{path}: line {number}: expected a JSON object")
+                row_id = str(row.get("id", number))
+                if q_field not in row or a_field not in row:
+                    raise SuiteArgumentError(
+                        f"{shown}: row {row_id!r} lacks {q_field!r} or {a_field!r} "
+                        "(set env_args.question_field / answer_field)"
+                    )
+                ids.append(row_id)
+                questions.append(f"{row[q_field]}")
+                answers.append(str(row[a_field]))
     except OSError as exc:
-        raise SuiteArgumentError(f"env_args.path: cannot read {path!r}: {exc.strerror}") from None
-    rows: list[dict[str, Any]] = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SuiteArgumentError(f"{path}: line {number}: invalid JSON: {exc.msg}") from None
-        if not isinstance(row, dict):
-            raise SuiteArgumentError(f"{path}: line {number}: expected a JSON object")
-        row.setdefault("id", str(number))
-        rows.append(row)
-    return tuple(rows), hashlib.sha256(raw).hexdigest()
+        raise SuiteArgumentError(f"env_args.path: cannot read {shown!r}: {exc.strerror}") from None
+    return _Columns(digest.hexdigest(), tuple(ids), tuple(questions), tuple(answers))
+
+
+class JsonlExamples(Sequence[Example]):
+    """The examples of a data file, built one at a time as they are read (the runner iterates
+    once, so a 100k-example item never holds 100k prompts)."""
+
+    def __init__(self, columns: _Columns, system: str | None, index: range | None = None) -> None:
+        self._columns = columns
+        self._system = system
+        self._index = index if index is not None else range(len(columns.ids))
+
+    def _example(self, i: int) -> Example:
+        user = f"{self._columns.questions[i]}\n\n{INSTRUCTION}"
+        messages: tuple[dict[str, str], ...] = ({"role": "user", "content": user},)
+        if self._system:
+            messages = ({"role": "system", "content": self._system}, *messages)
+        return Example(
+            id=self._columns.ids[i],
+            messages=messages,
+            gold=self._columns.answers[i],
+            prompt=user + "\n",
+        )
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, index: int) -> Example: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> JsonlExamples: ...
+
+    def __getitem__(self, index: int | slice) -> Example | JsonlExamples:
+        if isinstance(index, slice):
+            return JsonlExamples(self._columns, self._system, self._index[index])
+        return self._example(self._index[index])
+
+    def __iter__(self) -> Iterator[Example]:
+        for i in self._index:
+            yield self._example(i)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} jsonl examples>"
 
 
 class JsonlSuite:
@@ -89,27 +164,16 @@ class JsonlSuite:
 
     def examples(self, env_args: Mapping[str, Any], seed: int) -> Sequence[Example]:
         args = self._args(env_args)
-        rows, self._checksum = _read(str(args["path"]))
-        q_field = args.get("question_field", "question")
-        a_field = args.get("answer_field", "answer")
+        shown = str(args["path"])
+        columns = _read_cached(
+            _stat(shown),
+            shown,
+            args.get("question_field", "question"),
+            args.get("answer_field", "answer"),
+        )
+        self._checksum = columns.checksum
         system = args.get("system_prompt")
-        examples = []
-        for row in rows:
-            if q_field not in row or a_field not in row:
-                raise SuiteArgumentError(
-                    f"{args['path']}: row {row['id']!r} lacks {q_field!r} or {a_field!r} "
-                    "(set env_args.question_field / answer_field)"
-                )
-            user = f"{row[q_field]}\n\n{INSTRUCTION}"
-            messages: tuple[dict[str, str], ...] = ({"role": "user", "content": user},)
-            if system:
-                messages = ({"role": "system", "content": str(system)}, *messages)
-            examples.append(
-                Example(
-                    id=str(row["id"]), messages=messages, gold=str(row[a_field]), prompt=user + "\n"
-                )
-            )
-        return examples
+        return JsonlExamples(columns, str(system) if system else None)
 
     def score(self, example: Example, completion: str) -> Score:
         text = re.sub(r"<think>.*?(</think>|$)", "", completion or "", flags=re.DOTALL)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_modelbench.backends.base import ItemContext
-from pytest_modelbench.client import OpenAIClient, RetryPolicy
 from pytest_modelbench.errors import ModelbenchUsageError
-from pytest_modelbench.plan import PlannedItem
-from pytest_modelbench.runner import LoopSettings, run_loop, work_units
 from pytest_modelbench.summary import summarise_rows
 from pytest_modelbench.tasks import Example, Suite, SuiteArgumentError, aggregate_extra
+
+if TYPE_CHECKING:
+    from pytest_modelbench.backends.base import ItemContext
+    from pytest_modelbench.plan import PlannedItem
 
 SCORER_VERSION = 1
 
@@ -63,12 +62,22 @@ class SuiteBackend:
         return int(self.suite.tokens_per_example)
 
     def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+        # the HTTP client (aiohttp) is imported only when an item runs, not at collection
+        import asyncio
+
+        from pytest_modelbench.client import OpenAIClient, RetryPolicy
+        from pytest_modelbench.runner import LoopSettings, run_loop, work_units
+
         item = ctx.item
         examples = self.examples(item)
         rollouts = item.variant.rollouts_per_example
         journal = ctx.store.journal
-        previous = journal.read()
-        done = {key for key, row in previous.items() if not row.get("error")}
+        ids = {example.id for example in examples}
+
+        def wanted(key: tuple[str, int]) -> bool:
+            return key[0] in ids and 0 <= key[1] < rollouts
+
+        done = journal.finished_keys()
         total = len(examples) * rollouts
         ctx.progress.start(item.item_id, total, len(done))
         settings = LoopSettings(
@@ -105,15 +114,16 @@ class SuiteBackend:
         finally:
             journal.close()
             ctx.progress.finish()
-        wanted = {(ex.id, r) for ex in examples for r in range(rollouts)}
-        rows = [row for key, row in journal.read().items() if key in wanted]
-        summary = summarise_rows(rows, self.suite.metrics, total)
-        by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
-        for row in rows:
-            if not row.get("error"):
-                by_example[str(row["example_id"])].append(row.get("metrics") or {})
-        for name, value in aggregate_extra(self.suite, by_example).items():
-            summary["metrics"].setdefault(name, {"value": value, "n": len(by_example)})
+        # the journal is streamed (twice when the suite aggregates): a 100k-example item
+        # never holds its rows in memory
+        summary = summarise_rows(journal.latest(wanted), self.suite.metrics, total)
+        if getattr(self.suite, "aggregate", None) is not None:
+            by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
+            for row in journal.latest(wanted):
+                if not row.get("error"):
+                    by_example[str(row["example_id"])].append(row.get("metrics") or {})
+            for name, value in aggregate_extra(self.suite, by_example).items():
+                summary["metrics"].setdefault(name, {"value": value, "n": len(by_example)})
         if loop_stats is not None:
             summary["session"] = {
                 "requested": loop_stats.requested,
@@ -121,7 +131,7 @@ class SuiteBackend:
                 "retry_reasons": loop_stats.retry_reasons,
                 "wall_s": round(loop_stats.wall_s, 3),
             }
-        summary["resumed_examples"] = len(done & wanted)
+        summary["resumed_examples"] = sum(1 for key in done if wanted(key))
         return summary
 
 

@@ -10,6 +10,8 @@ imported only when a parquet file is written.
 from __future__ import annotations
 
 import csv
+import heapq
+import itertools
 import json
 import math
 import os
@@ -130,9 +132,10 @@ def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[st
     }
 
 
-def item_rows(run: RunData, item: ItemRecord) -> list[dict[str, Any]]:
-    """The item's journal rows (last row per example/rollout), in example order."""
-    return list(Journal(run.item_dir(item) / "results.jsonl").read().values())
+def item_rows(run: RunData, item: ItemRecord) -> Iterator[dict[str, Any]]:
+    """The item's journal rows (last row per example/rollout), in journal order, streamed:
+    memory does not grow with the item."""
+    return Journal(run.item_dir(item) / "results.jsonl").latest()
 
 
 def iter_rows(run: RunData) -> Iterator[dict[str, Any]]:
@@ -160,16 +163,29 @@ def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example
     """The first ``limit`` errored or wrong examples (errors first, then score 0, then lowest)."""
     if limit <= 0:
         return []
-    raw = item_rows(run, item)
-    errored = [row for row in raw if row.get("error")]
-    scored = [(score, row) for row in raw if (score := row_score(item, row)) is not None]
-    top = max((score for score, _ in scored), default=None)
-    if top is not None and top <= 0:  # everything scored 0: all of them are wrong
-        wrong = [row for _, row in scored]
-    else:
-        below = [(score, i, row) for i, (score, row) in enumerate(scored) if score < (top or 0)]
-        wrong = [row for _, _, row in sorted(below, key=lambda t: (t[0], t[1]))]
-    rows = [normal_row(run.run_id, item, row) for row in [*errored, *wrong][:limit]]
+    # Two streamed passes keep at most ``limit`` rows in memory, however large the item.
+    errored: list[dict[str, Any]] = []
+    top: float | None = None
+    for row in item_rows(run, item):
+        if row.get("error"):
+            if len(errored) < limit:
+                errored.append(row)
+        elif (score := row_score(item, row)) is not None:
+            top = score if top is None else max(top, score)
+    wanted = limit - len(errored)
+    wrong: list[dict[str, Any]] = []
+    if wanted > 0 and top is not None:
+        scored = (
+            (score, i, row)
+            for i, row in enumerate(r for r in item_rows(run, item) if not r.get("error"))
+            if (score := row_score(item, row)) is not None
+        )
+        if top <= 0:  # everything scored 0: all of them are wrong, in journal order
+            wrong = [row for _, _, row in itertools.islice(scored, wanted)]
+        else:
+            below = (t for t in scored if t[0] < top)
+            wrong = [row for _, _, row in heapq.nsmallest(wanted, below, key=lambda t: t[:2])]
+    rows = [normal_row(run.run_id, item, row) for row in [*errored, *wrong]]
     return [
         Example(
             str(r["example_id"]),
@@ -213,7 +229,7 @@ def arrow_schema() -> Any:
     )
 
 
-def write_parquet(run: RunData, path: Path, batch_rows: int = 50_000) -> int:
+def write_parquet(run: RunData, path: Path, batch_rows: int = 10_000) -> int:
     """Write every example row to ``path`` atomically; returns the number of rows."""
     schema = arrow_schema()
     import pyarrow as pa
