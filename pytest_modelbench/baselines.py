@@ -67,7 +67,7 @@ class BaselineBook:
             )
         journal = Journal(run_dir / safe_component(result.item_id) / "results.jsonl")
         sums: dict[str, list[float]] = defaultdict(list)
-        for row in journal.read().values():
+        for row in journal.latest():
             value = (row.get("metrics") or {}).get(metric)
             if not row.get("error") and value is not None:
                 sums[str(row["example_id"])].append(float(value))

@@ -266,8 +266,7 @@ class SolutionsBackend:
         rollouts = item.variant.rollouts_per_example
         files = solution_files(item)
         journal = ctx.store.journal
-        previous = journal.read()
-        done = {key for key, row in previous.items() if not row.get("error")}
+        done = journal.finished_keys()
         wanted = {(ex.id, r): ex for ex in examples for r in range(rollouts)}
         todo = {key: ex for key, ex in wanted.items() if key not in done}
         workers = max(1, min(item.model.max_concurrent, (os.cpu_count() or 1) * 4))

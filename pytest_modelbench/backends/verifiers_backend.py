@@ -308,8 +308,7 @@ class VerifiersBackend:
         rollouts = item.variant.rollouts_per_example
         inputs = self.inputs(item)
         journal = ctx.store.journal
-        previous = journal.read()
-        done = {key for key, row in previous.items() if not row.get("error")}
+        done = journal.finished_keys()
         wanted = {(str(i["example_id"]), r) for i in inputs for r in range(rollouts)}
         complete = {ex for ex, _ in wanted if all((ex, r) in done for r in range(rollouts))}
         todo = [i for i in inputs if str(i["example_id"]) not in complete]
@@ -322,7 +321,7 @@ class VerifiersBackend:
         finally:
             journal.close()
             ctx.progress.finish()
-        rows = [row for key, row in journal.read().items() if key in wanted]
+        rows = list(journal.latest(wanted.__contains__))
         summary = summarise_rows(rows, self.metric_names(item), len(wanted))
         summary["resumed_examples"] = len(done & wanted)
         summary["verifiers"] = {
