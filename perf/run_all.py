@@ -70,7 +70,7 @@ SCRIPTS = (
         "fault_matrix",
         "Fault matrix: exactly once, errors reported, nothing lost",
         ("fault_matrix.py",),
-        ("fault_matrix.py",),
+        ("fault_matrix.py", "--quick"),
     ),
     Script(
         "gate_power",

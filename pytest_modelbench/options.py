@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,14 +121,43 @@ def _raw(config: pytest.Config, dest: str) -> Any:
     if dest == "request_timeout" and value is None:
         value = config.getoption("mb_request_timeout_alias", default=None)
     if value is None:
-        value = config.getini(f"modelbench_{dest}")
+        try:
+            value = config.getini(f"modelbench_{dest}")
+        except ValueError as exc:  # a bool ini that is not one
+            raise ModelbenchUsageError(
+                f"modelbench_{dest} (ini): {exc}; use true or false"
+            ) from None
         if value in ("", []):
             value = None
+    if isinstance(value, str) and not _is_text(value):
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: {_shown(value)} contains a NUL or a byte that is not UTF-8"
+        )
     return value
+
+
+def _is_text(value: str) -> bool:
+    """No NUL and no lone surrogate (how Python keeps argv bytes that are not UTF-8)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    """A value as messages echo it: its repr, cut to 60 characters."""
+    text = ascii(value) if isinstance(value, str) and not _is_text(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _flag_name(dest: str) -> str:
     return next(flag for flag, d, _, _ in _OPTIONS if d == dest)
+
+
+_MAX_INT = 2**63 - 1
 
 
 def _as_number(dest: str, value: Any, kind: type[int] | type[float], minimum: float) -> Any:
@@ -137,10 +167,17 @@ def _as_number(dest: str, value: Any, kind: type[int] | type[float], minimum: fl
         number = kind(value)
     except (TypeError, ValueError):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected {'an integer' if kind is int else 'a number'}, got {value!r}"
+            f"{_flag_name(dest)}: expected {'an integer' if kind is int else 'a number'}, "
+            f"got {_shown(value)}"
         ) from None
+    if kind is float and not math.isfinite(number):
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: expected a finite number, got {_shown(value)}"
+        )
     if number < minimum:
-        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be >= {minimum}, got {value!r}")
+        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be >= {minimum}, got {_shown(value)}")
+    if kind is int and number > _MAX_INT:
+        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be < 2**63, got {_shown(value)}")
     return number
 
 
@@ -151,12 +188,20 @@ def _as_json_object(dest: str, value: Any) -> dict[str, Any]:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: invalid JSON {value!r}: {exc.msg} at column {exc.colno} "
+            f"{_flag_name(dest)}: invalid JSON {_shown(value)}: {exc.msg} at column {exc.colno} "
             f"(expected an object, e.g. '{{\"temperature\": 0.5}}'; quote keys with double quotes)"
         ) from None
+    except (ValueError, RecursionError) as exc:  # digits past Python's limit, deep nesting
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: unusable JSON {_shown(value)}: {reason}"
+        ) from None
+    from pytest_modelbench.config.loading import check_shape
+
+    check_shape(parsed, _flag_name(dest))
     if not isinstance(parsed, dict):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected a JSON object like '{{\"key\": 1}}', got {value!r}"
+            f"{_flag_name(dest)}: expected a JSON object like '{{\"key\": 1}}', got {_shown(value)}"
         )
     return parsed
 
@@ -170,17 +215,54 @@ def _as_list(value: Any) -> tuple[str, ...]:
 def _as_seeds(value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
+    wrong = f"--seeds: expected comma-separated integers like 0,1,2, got {_shown(value)}"
     try:
         seeds = tuple(int(part) for part in _as_list(value))
     except ValueError:
-        raise ModelbenchUsageError(
-            f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}"
-        ) from None
-    if not seeds:
-        raise ModelbenchUsageError(
-            f"--seeds: expected comma-separated integers like 0,1,2, got {value!r}"
-        )
+        raise ModelbenchUsageError(wrong) from None
+    if not seeds or any(abs(seed) > _MAX_INT for seed in seeds):
+        raise ModelbenchUsageError(wrong)
     return seeds
+
+
+def _as_names(dest: str, value: Any) -> tuple[str, ...]:
+    """A comma list of names (``--model``, ``--env``): printable, each a usable path too."""
+    names = _as_list(value)
+    for name in names:
+        if not name.isprintable():
+            raise ModelbenchUsageError(
+                f"{_flag_name(dest)}: {_shown(name)} contains a control character"
+            )
+        if any(len(part.encode()) > 255 for part in name.split("/")):
+            raise ModelbenchUsageError(
+                f"{_flag_name(dest)}: {_shown(name)} is not a name, HF id or path "
+                "(a path component is longer than 255 bytes)"
+            )
+    return names
+
+
+def _as_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    from pytest_modelbench.config.schema import check_url
+
+    try:
+        return check_url(str(value))
+    except ValueError as exc:
+        raise ModelbenchUsageError(f"--api-base-url: {exc}, got {_shown(value)}") from None
+
+
+def _as_gpus(value: Any) -> str | None:
+    """``--gpus`` checked now (it is used only when a worker starts a server)."""
+    if value is None:
+        return None
+    from pytest_modelbench.serving.gpus import GpuSpecError, parse_gpu_list
+
+    try:
+        parse_gpu_list(str(value), "--gpus")
+    except GpuSpecError as exc:
+        raise ModelbenchUsageError(str(exc)) from None
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -219,18 +301,18 @@ class RunOptions:
         correction = str(_raw(config, "correction") or "none")
         if correction not in ("none", "holm"):
             raise ModelbenchUsageError(
-                f"--mb-correction: expected 'none' or 'holm', got {correction!r}"
+                f"--mb-correction: expected 'none' or 'holm', got {_shown(correction)}"
             )
         budget = _as_number("error_budget", _raw(config, "error_budget"), float, 0.0)
         if budget is not None and budget > 1:
             raise ModelbenchUsageError(
-                f"--mb-error-budget: expected a fraction in [0, 1], got {budget}"
+                f"--mb-error-budget: expected a fraction in [0, 1], got {budget:g}"
             )
         return cls(
             config_dir=config_dir if config_dir.is_absolute() else root / config_dir,
-            models=_as_list(_raw(config, "model")),
-            api_base_url=_raw(config, "api_base_url"),
-            envs=_as_list(_raw(config, "env")),
+            models=_as_names("model", _raw(config, "model")),
+            api_base_url=_as_url(_raw(config, "api_base_url")),
+            envs=_as_names("env", _raw(config, "env")),
             seeds=_as_seeds(_raw(config, "seeds")),
             num_examples=_as_number("num_examples", _raw(config, "num_examples"), int, 1),
             job_file=Path(job) if job else None,
@@ -249,7 +331,7 @@ class RunOptions:
             update_baselines=bool(_raw(config, "update_baselines")),
             baseline_run=_raw(config, "baseline_run"),
             require_baseline=bool(_raw(config, "require_baseline")),
-            gpus=_raw(config, "gpus"),
+            gpus=_as_gpus(_raw(config, "gpus")),
             error_budget=0.05 if budget is None else budget,
             correction=correction,
         )

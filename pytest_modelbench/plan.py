@@ -157,11 +157,27 @@ def _variants_for(
             chosen.append(by_id[selector])
         else:
             # a built-in suite or backend module given directly: --env gsm8k, --env lm_eval:arc_easy
+            prefix, sep, rest = selector.partition(":")
+            if sep and not rest.strip():
+                raise ModelbenchUsageError(
+                    f"--env {selector!r}: no name after {prefix + ':'!r}; "
+                    f"write it as --env {prefix}:<name> (e.g. lm_eval:arc_easy, verifiers:wordle)"
+                )
             check_module(selector, f"--env {selector}")
-            spec = EnvVariantSpec(id=selector.replace(":", "-"), module=selector)
+            spec = EnvVariantSpec(id=selector_id(selector), module=selector)
             chosen.extend(expand_variants(selector, spec, config.root / "envs", "--env"))
     seen: set[str] = set()
     return [v for v in chosen if not (v.id in seen or seen.add(v.id))]  # type: ignore[func-returns-value]
+
+
+def selector_id(selector: str) -> str:
+    """The variant id of a module given directly to ``--env``: ``lm_eval:arc_easy`` →
+    ``lm_eval-arc_easy``; a task file path keeps only its name (``lm_eval:tasks/qa.yaml`` →
+    ``lm_eval-qa``), since ids are path components."""
+    prefix, sep, rest = selector.partition(":")
+    if sep and ("/" in rest or rest.endswith((".yaml", ".yml"))):
+        rest = Path(rest).stem
+    return f"{prefix}-{rest}" if sep else selector
 
 
 def build_plan(

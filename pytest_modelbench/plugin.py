@@ -71,11 +71,14 @@ def mb_item(request: pytest.FixtureRequest) -> Any:
 def mb_eval(request: pytest.FixtureRequest, mb_item: Any) -> Iterator[EvalResult]:
     """The finished evaluation of this item (computed now, or read from the run store)."""
     session = request.config.stash[SESSION_KEY]
+    failure: str | None = None
     try:
         result = session.evaluate(mb_item, request.node)
     except (EvaluationError, ModelbenchUsageError) as exc:
-        session.record_error(request.node, mb_item, str(exc))
-        pytest.fail(str(exc), pytrace=False)
+        failure = str(exc)
+        session.record_error(request.node, mb_item, failure)
+    if failure is not None:  # outside the except: the report shows the message only once
+        pytest.fail(failure, pytrace=False)
     yield result
 
 

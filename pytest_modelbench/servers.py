@@ -72,7 +72,7 @@ class ServerPool:
         try:
             self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
         except GpuSpecError as exc:
-            raise ModelbenchUsageError(f"--gpus: {exc}") from None
+            raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value
         except ServingError as exc:
             raise EvaluationError(str(exc)) from None
         if self._claim.cpu:

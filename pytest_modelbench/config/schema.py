@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 JSONDict = dict[str, Any]
+Name = Annotated[str, StringConstraints(max_length=200)]
+"""A name that ends up in item ids and messages (model, variant id, metric...)."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # numbers must be finite: a timeout, margin or cost of .inf or .nan is a typo, not a setting
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
+
+
+def check_url(value: str) -> str:
+    """An endpoint URL must say its scheme (``http://host:port/v1``)."""
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise ValueError("expected an http:// or https:// URL like http://localhost:8000/v1")
+    return value
 
 
 class ServeSpec(_Strict):
@@ -42,6 +62,18 @@ class ModelSpec(_Strict):
         "a mapping gives globs per environment or variant id",
     )
 
+    @field_validator("api_base_url")
+    @classmethod
+    def _urls(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("api_base_url is an empty list; give at least one URL")
+            for url in value:
+                check_url(url)
+        elif value is not None:
+            check_url(value)
+        return value
+
     @field_validator("solutions")
     @classmethod
     def _solutions_not_empty(
@@ -63,29 +95,58 @@ class ModelSpec(_Strict):
 
 
 class ModelsFile(_Strict):
-    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    models: dict[Name, ModelSpec] = Field(default_factory=dict)
 
 
 class EnvVariantSpec(_Strict):
     """One variant in ``envs/<name>.yaml`` before matrix expansion."""
 
-    id: str
-    module: str
+    id: Name
+    module: Annotated[str, StringConstraints(max_length=4096)]
     num_examples: int = Field(default=-1, ge=-1)
     rollouts_per_example: int = Field(default=1, ge=1)
     env_args: JSONDict = Field(default_factory=dict)
     sampling_args: JSONDict = Field(default_factory=dict)
-    matrix: dict[str, list[Any]] | None = None
-    matrix_id_format: str | None = None
+    matrix: dict[Name, list[Any]] | None = None
+    matrix_id_format: Name | None = None
     seeds: list[int] | None = None
-    metric: str | None = None
+    metric: Name | None = None
     cost: float | None = Field(default=None, ge=0, description="relative cost hint")
 
     @field_validator("id")
     @classmethod
     def _id_is_simple(cls, value: str) -> str:
-        if not value or any(ch.isspace() for ch in value) or "/" in value or "[" in value:
+        if (
+            not value
+            or not value.isprintable()
+            or any(ch.isspace() for ch in value)
+            or "/" in value
+            or "[" in value
+        ):
             raise ValueError(f"id must be non-empty, with no spaces, '/' or '['; got {value!r}")
+        return value
+
+    @field_validator("module")
+    @classmethod
+    def _prefixed_module_names_something(cls, value: str) -> str:
+        """``lm_eval:`` alone is refused here, where the message can name the file."""
+        prefix, colon, name = value.partition(":")
+        if colon and not name.strip():
+            from pytest_modelbench.backends.base import PREFIXED_BACKENDS
+
+            backend = PREFIXED_BACKENDS.get(prefix)
+            if backend is not None:
+                raise ValueError(
+                    f"module {value!r}: give the {backend.what} after the colon: "
+                    f"'{prefix}:<{backend.what}>'"
+                )
+        return value
+
+    @field_validator("num_examples")
+    @classmethod
+    def _some_examples(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("num_examples must be -1 (all) or at least 1, got 0")
         return value
 
     @model_validator(mode="after")
@@ -112,6 +173,14 @@ class BaselineEntrySpec(_Strict):
     date: str | None = None
     revision: str | None = None
 
+    @field_validator("date", mode="before")
+    @classmethod
+    def _date_as_text(cls, value: Any) -> Any:
+        """``date: 2024-05-01`` unquoted is a YAML date; keep it as the text it was."""
+        if isinstance(value, (datetime.date, datetime.datetime)):
+            return value.isoformat()
+        return value
+
     @model_validator(mode="after")
     def _has_a_rule(self) -> BaselineEntrySpec:
         if self.value is None and self.min is None and self.run is None:
@@ -124,14 +193,14 @@ BaselineFile = dict[str, BaselineEntrySpec]
 
 
 class JobSpec(_Strict):
-    model: str
-    env: list[str]
+    model: Name
+    env: list[Name]
 
 
 class JobFile(_Strict):
     """``job-<name>.yaml``: exactly which model × env pairs to run."""
 
-    name: str
+    name: Name
     output_dir: str | None = None
-    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    models: dict[Name, ModelSpec] = Field(default_factory=dict)
     jobs: list[JobSpec]

@@ -328,6 +328,8 @@ class SimServer:
         try:
             if self._config.faults.hang_forever:
                 self._hanging.add(task)
+                if route == "chat" or route == "completions":
+                    await self._note_hung(request, pending, chat=route == "chat")
                 await asyncio.Event().wait()  # until astop() cancels it
             if route == "chat" or route == "completions":
                 body = self._parse_body(await request.read(), pending)
@@ -351,6 +353,15 @@ class SimServer:
             log.pending -= 1
             self._tasks.discard(task)
             self._hanging.discard(task)
+
+    async def _note_hung(self, request: web.BaseRequest, pending: _Pending, *, chat: bool) -> None:
+        """Read a request about to hang (best effort), so its record names the model, key and seed."""
+        try:
+            body = self._parse_body(await request.read(), pending)
+            keys, _ = _chat_keys(body) if chat else _completion_keys(body)
+        except _BadRequest:
+            return
+        pending.key = keys[0]
 
     def _record(self, pending: _Pending, outcome: Outcome, status: int, detail: str = "") -> None:
         self.log.add(
