@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import heapq
-import itertools
 import json
 import math
 import os
@@ -163,28 +162,35 @@ def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example
     """The first ``limit`` errored or wrong examples (errors first, then score 0, then lowest)."""
     if limit <= 0:
         return []
-    # Two streamed passes keep at most ``limit`` rows in memory, however large the item.
+    # One streamed pass keeps at most 3 × ``limit`` rows in memory, however large the item.
     errored: list[dict[str, Any]] = []
+    first: list[dict[str, Any]] = []  # the first scored rows, for when every score is 0
+    lowest: list[tuple[float, int, dict[str, Any]]] = []  # max-heap (negated) of the lowest
     top: float | None = None
-    for row in item_rows(run, item):
+    for i, row in enumerate(item_rows(run, item)):
         if row.get("error"):
             if len(errored) < limit:
                 errored.append(row)
-        elif (score := row_score(item, row)) is not None:
-            top = score if top is None else max(top, score)
+            continue
+        score = row_score(item, row)
+        if score is None:
+            continue
+        top = score if top is None else max(top, score)
+        if len(first) < limit:
+            first.append(row)
+        entry = (-score, -i, row)
+        if len(lowest) < limit:
+            heapq.heappush(lowest, entry)
+        elif entry[:2] > lowest[0][:2]:
+            heapq.heapreplace(lowest, entry)
     wanted = limit - len(errored)
     wrong: list[dict[str, Any]] = []
     if wanted > 0 and top is not None:
-        scored = (
-            (score, i, row)
-            for i, row in enumerate(r for r in item_rows(run, item) if not r.get("error"))
-            if (score := row_score(item, row)) is not None
-        )
         if top <= 0:  # everything scored 0: all of them are wrong, in journal order
-            wrong = [row for _, _, row in itertools.islice(scored, wanted)]
+            wrong = first[:wanted]
         else:
-            below = (t for t in scored if t[0] < top)
-            wrong = [row for _, _, row in heapq.nsmallest(wanted, below, key=lambda t: t[:2])]
+            below = sorted((-s, -i, row) for s, i, row in lowest if -s < top)
+            wrong = [row for _, _, row in below[:wanted]]
     rows = [normal_row(run.run_id, item, row) for row in [*errored, *wrong]]
     return [
         Example(

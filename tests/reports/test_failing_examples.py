@@ -1,0 +1,57 @@
+"""The wrong or errored examples reports show: errors first, then the lowest scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pytest_modelbench.reporting.model import ItemRecord, RunData
+from pytest_modelbench.reporting.rows import failing_examples
+
+
+def run_with(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[RunData, ItemRecord]:
+    item = ItemRecord("m-qa-seed0", "m", "qa", "qa", 0, metric="accuracy", path="m-qa-seed0")
+    (tmp_path / item.path).mkdir()
+    lines = [json.dumps({"rollout": 0, "prompt": "p", "completion": "c", **r}) for r in rows]
+    (tmp_path / item.path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    return RunData("run", tmp_path, (item,)), item
+
+
+def ids(examples: list[Any]) -> list[str]:
+    return [e.example_id for e in examples]
+
+
+def test_errors_first_then_lowest_scores_in_journal_order(tmp_path: Path) -> None:
+    rows = [
+        {"example_id": "a", "score": 1.0},
+        {"example_id": "b", "score": 0.5},
+        {"example_id": "c", "error": "timeout"},
+        {"example_id": "d", "score": 0.0},
+        {"example_id": "e", "score": 0.5},
+        {"example_id": "f", "metrics": {"accuracy": 0.0}},
+        {"example_id": "b", "score": 1.0},  # redone: its last row counts
+    ]
+    run, item = run_with(tmp_path, rows)
+    assert ids(failing_examples(run, item, 10)) == ["c", "d", "f", "e"]
+    assert ids(failing_examples(run, item, 2)) == ["c", "d"]
+    assert failing_examples(run, item, 1)[0].error == "timeout"
+    assert failing_examples(run, item, 0) == []
+
+
+def test_when_every_score_is_zero_all_are_wrong(tmp_path: Path) -> None:
+    run, item = run_with(tmp_path, [{"example_id": str(i), "score": 0.0} for i in range(5)])
+    assert ids(failing_examples(run, item, 3)) == ["0", "1", "2"]
+
+
+def test_a_perfect_item_has_nothing_to_show(tmp_path: Path) -> None:
+    run, item = run_with(tmp_path, [{"example_id": str(i), "score": 1.0} for i in range(5)])
+    assert failing_examples(run, item, 3) == []
+
+
+def test_lowest_scores_of_a_large_item_in_journal_order(tmp_path: Path) -> None:
+    rows = [{"example_id": str(i), "score": (i % 97) / 96} for i in range(5000)]
+    run, item = run_with(tmp_path, rows)
+    shown = failing_examples(run, item, 5)
+    assert ids(shown) == ["0", "97", "194", "291", "388"]
+    assert all(e.score == 0.0 for e in shown)
