@@ -62,7 +62,7 @@ class SuiteBackend:
         return int(self.suite.tokens_per_example)
 
     def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
-        # the HTTP client (aiohttp) is imported only when an item runs, not at collection
+        # the HTTP client is imported only when an item runs, not at collection
         import asyncio
 
         from pytest_modelbench.client import OpenAIClient, RetryPolicy
