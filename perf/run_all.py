@@ -101,7 +101,7 @@ def machine() -> str:
         except metadata.PackageNotFoundError:
             versions.append(f"{package} (not installed)")
     return (
-        f"{os.cpu_count()} CPU cores, {memory}, {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} CPU cores, {memory}, {platform.system()}, "
         f"Python {platform.python_version()}; {', '.join(versions)}"
     )
 

@@ -31,6 +31,7 @@ MAX_RETRY_AFTER_S = 300.0
 CONNECT_TIMEOUT_S = 30.0
 MAX_HEADER_BYTES = 1 << 16
 USER_AGENT = "pytest-modelbench"
+CLOSED_SILENTLY = "closed without a response"
 
 T = TypeVar("T")
 
@@ -186,32 +187,42 @@ class _Pool:
             raise _Broken(name, answered=False, detail=f"{name}: {exc}") from None
 
     async def exchange(self, head: str, body: bytes | None) -> Response:
-        """Send one request and read its response, on an idle connection or a new one."""
-        conn = None
-        while self._idle:
-            reader, writer = self._idle.pop()
-            if reader.at_eof() or reader.exception() is not None or writer.is_closing():
-                writer.close()
-                continue
-            conn = reader, writer
-            break
-        if conn is None:
-            conn = await self._connect()
-        reader, writer = conn
+        """Send one request and read its response, on an idle connection or a new one.
+
+        An idle connection the server closed (FIN) as the request went out, its keep-alive
+        timeout, is no error: the request goes again on a new connection.
+        """
         if body is None:
             data = (head + "\r\n").encode()
         else:
             data = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        keep = False
-        try:
-            writer.write(data)
-            response, keep = await _read_response(reader)
-        finally:
-            if keep and len(self._idle) < self._max_idle:
-                self._idle.append(conn)
-            else:
-                writer.transport.abort()
-        return response
+        while True:
+            conn = None
+            while self._idle:
+                reader, writer = self._idle.pop()
+                if reader.at_eof() or reader.exception() is not None or writer.is_closing():
+                    writer.close()
+                    continue
+                conn = reader, writer
+                break
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
+            reader, writer = conn
+            keep = False
+            try:
+                writer.write(data)
+                response, keep = await _read_response(reader)
+            except _Broken as exc:
+                if reused and exc.reason == CLOSED_SILENTLY:
+                    continue
+                raise
+            finally:
+                if keep and len(self._idle) < self._max_idle:
+                    self._idle.append(conn)
+                else:
+                    writer.transport.abort()
+            return response
 
     def close(self) -> None:
         for _, writer in self._idle:
@@ -245,9 +256,10 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[Response, bool]:
             body = b""
         else:
             body, keep = await reader.read(), False  # delimited by the server closing
-    except asyncio.IncompleteReadError:
+    except asyncio.IncompleteReadError as exc:
+        answered = answered or bool(exc.partial)
         raise _Broken(
-            "closed mid-response" if answered else "closed without a response", answered=answered
+            "closed mid-response" if answered else CLOSED_SILENTLY, answered=answered
         ) from None
     except (asyncio.LimitOverrunError, ValueError, IndexError):
         raise _Broken("unparseable response", answered=True) from None
@@ -367,8 +379,6 @@ class OpenAIClient:
         except asyncio.TimeoutError:
             raise _Retryable(f"timeout after {self.timeout_s:g}s") from None
         except _Broken as exc:
-            if exc.answered:
-                raise _Retryable("connection broken mid-response") from None
             raise _Retryable(f"connection error: {exc.reason}") from None
         finally:
             self._outstanding[base] -= 1
