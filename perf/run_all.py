@@ -107,13 +107,13 @@ def machine() -> str:
 
 
 def run(script: Script, quick: bool, out: Path) -> tuple[int, str]:
-    argv = [sys.executable, str(PERF / (script.quick if quick else script.full)[0])]
-    argv += list((script.quick if quick else script.full)[1:])
+    args = script.quick if quick else script.full
+    argv = [sys.executable, str(PERF / args[0]), *args[1:]]
     before = load_average()
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - start
-    command = "python perf/" + " ".join((script.quick if quick else script.full))
+    command = "python perf/" + " ".join(args)
     text = (
         f"## {script.title}\n\n`{command}`: {elapsed:.0f} s, load average "
         f"{before} before, {load_average()} after\n\n{proc.stdout.strip()}\n"
