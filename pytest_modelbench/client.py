@@ -85,12 +85,11 @@ class _Retryable(Exception):
 
 
 class _Broken(Exception):
-    """The connection failed; ``answered``: after the response had begun."""
+    """The connection failed (``reason``: what broke; ``detail``: the exception, if any)."""
 
-    def __init__(self, reason: str, *, answered: bool, detail: str = "") -> None:
+    def __init__(self, reason: str, *, detail: str = "") -> None:
         super().__init__(reason)
         self.reason = reason  # short and stable: retry reasons are counted by it
-        self.answered = answered
         self.detail = detail or reason
 
 
@@ -179,12 +178,10 @@ class _Pool:
                 ),
             )
         except asyncio.TimeoutError:
-            raise _Broken(
-                f"connect timed out after {CONNECT_TIMEOUT_S:g}s", answered=False
-            ) from None
+            raise _Broken(f"connect timed out after {CONNECT_TIMEOUT_S:g}s") from None
         except (OSError, ssl.SSLError) as exc:
             name = type(exc).__name__
-            raise _Broken(name, answered=False, detail=f"{name}: {exc}") from None
+            raise _Broken(name, detail=f"{name}: {exc}") from None
 
     async def exchange(self, head: str, body: bytes | None) -> Response:
         """Send one request and read its response, on an idle connection or a new one.
@@ -258,13 +255,11 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[Response, bool]:
             body, keep = await reader.read(), False  # delimited by the server closing
     except asyncio.IncompleteReadError as exc:
         answered = answered or bool(exc.partial)
-        raise _Broken(
-            "closed mid-response" if answered else CLOSED_SILENTLY, answered=answered
-        ) from None
+        raise _Broken("closed mid-response" if answered else CLOSED_SILENTLY) from None
     except (asyncio.LimitOverrunError, ValueError, IndexError):
-        raise _Broken("unparseable response", answered=True) from None
+        raise _Broken("unparseable response") from None
     except OSError as exc:
-        raise _Broken(type(exc).__name__, answered=answered) from None
+        raise _Broken(type(exc).__name__) from None
     encoding = headers.get("content-encoding", "").lower()
     if encoding in ("gzip", "deflate"):
         try:
@@ -272,7 +267,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[Response, bool]:
                 body, 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
             )
         except zlib.error:
-            raise _Broken("undecodable compressed body", answered=True) from None
+            raise _Broken("undecodable compressed body") from None
     return Response(status, headers, body), keep
 
 
