@@ -7,8 +7,8 @@ other under a header that names the machine, and writes them to ``--out``:
     python perf/run_all.py [--quick] [--only throughput,collection] [--out perf/results]
 
 ``--quick`` runs every script with small sizes: a check that they all work on this
-machine in a few minutes, not figures to publish. Without it the full run takes
-roughly 20–30 minutes on 2 cores. Run it on an otherwise idle machine: the load
+machine (about 2 minutes on 2 cores), not figures to publish. The full run takes
+about 12 minutes on 2 cores. Run it on an otherwise idle machine: the load
 average before and after each script is printed next to its table.
 """
 
