@@ -34,3 +34,24 @@ def one_of(candidates: Iterable[str]) -> str:
     shown = ", ".join(names[:12])
     more = f" and {len(names) - 12} more" if len(names) > 12 else ""
     return f"{shown}{more}" if names else "(none configured)"
+
+
+def is_text(value: str) -> bool:
+    """No NUL and no lone surrogate (how Python keeps argv bytes that are not UTF-8)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_value(value: object) -> str:
+    """A value as messages echo what the user wrote: its repr (``ascii`` for text that
+    :func:`is_text` refuses), cut to 60 characters."""
+    try:
+        text = ascii(value) if isinstance(value, str) and not is_text(value) else repr(value)
+    except ValueError:  # an int too large to print
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.errors import ModelbenchUsageError, is_text, shown_value
 
 # (flag, dest, help, kind) — kind: "str" | "int" | "float" | "flag"
 _OPTIONS: list[tuple[str, str, str, str]] = [
@@ -129,28 +129,11 @@ def _raw(config: pytest.Config, dest: str) -> Any:
             ) from None
         if value in ("", []):
             value = None
-    if isinstance(value, str) and not _is_text(value):
+    if isinstance(value, str) and not is_text(value):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: {_shown(value)} contains a NUL or a byte that is not UTF-8"
+            f"{_flag_name(dest)}: {shown_value(value)} contains a NUL or a byte that is not UTF-8"
         )
     return value
-
-
-def _is_text(value: str) -> bool:
-    """No NUL and no lone surrogate (how Python keeps argv bytes that are not UTF-8)."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _shown(value: Any) -> str:
-    """A value as messages echo it: its repr, cut to 60 characters."""
-    text = ascii(value) if isinstance(value, str) and not _is_text(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _flag_name(dest: str) -> str:
@@ -168,16 +151,18 @@ def _as_number(dest: str, value: Any, kind: type[int] | type[float], minimum: fl
     except (TypeError, ValueError):
         raise ModelbenchUsageError(
             f"{_flag_name(dest)}: expected {'an integer' if kind is int else 'a number'}, "
-            f"got {_shown(value)}"
+            f"got {shown_value(value)}"
         ) from None
     if kind is float and not math.isfinite(number):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected a finite number, got {_shown(value)}"
+            f"{_flag_name(dest)}: expected a finite number, got {shown_value(value)}"
         )
     if number < minimum:
-        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be >= {minimum}, got {_shown(value)}")
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: must be >= {minimum}, got {shown_value(value)}"
+        )
     if kind is int and number > _MAX_INT:
-        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be < 2**63, got {_shown(value)}")
+        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be < 2**63, got {shown_value(value)}")
     return number
 
 
@@ -188,20 +173,20 @@ def _as_json_object(dest: str, value: Any) -> dict[str, Any]:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: invalid JSON {_shown(value)}: {exc.msg} at column {exc.colno} "
+            f"{_flag_name(dest)}: invalid JSON {shown_value(value)}: {exc.msg} at column {exc.colno} "
             f"(expected an object, e.g. '{{\"temperature\": 0.5}}'; quote keys with double quotes)"
         ) from None
     except (ValueError, RecursionError) as exc:  # digits past Python's limit, deep nesting
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: unusable JSON {_shown(value)}: {reason}"
+            f"{_flag_name(dest)}: unusable JSON {shown_value(value)}: {reason}"
         ) from None
     from pytest_modelbench.config.loading import check_shape
 
     check_shape(parsed, _flag_name(dest))
     if not isinstance(parsed, dict):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected a JSON object like '{{\"key\": 1}}', got {_shown(value)}"
+            f"{_flag_name(dest)}: expected a JSON object like '{{\"key\": 1}}', got {shown_value(value)}"
         )
     return parsed
 
@@ -215,7 +200,7 @@ def _as_list(value: Any) -> tuple[str, ...]:
 def _as_seeds(value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
-    wrong = f"--seeds: expected comma-separated integers like 0,1,2, got {_shown(value)}"
+    wrong = f"--seeds: expected comma-separated integers like 0,1,2, got {shown_value(value)}"
     try:
         seeds = tuple(int(part) for part in _as_list(value))
     except ValueError:
@@ -231,11 +216,11 @@ def _as_names(dest: str, value: Any) -> tuple[str, ...]:
     for name in names:
         if not name.isprintable():
             raise ModelbenchUsageError(
-                f"{_flag_name(dest)}: {_shown(name)} contains a control character"
+                f"{_flag_name(dest)}: {shown_value(name)} contains a control character"
             )
         if any(len(part.encode()) > 255 for part in name.split("/")):
             raise ModelbenchUsageError(
-                f"{_flag_name(dest)}: {_shown(name)} is not a name, HF id or path "
+                f"{_flag_name(dest)}: {shown_value(name)} is not a name, HF id or path "
                 "(a path component is longer than 255 bytes)"
             )
     return names
@@ -249,7 +234,7 @@ def _as_url(value: Any) -> str | None:
     try:
         return check_url(str(value))
     except ValueError as exc:
-        raise ModelbenchUsageError(f"--api-base-url: {exc}, got {_shown(value)}") from None
+        raise ModelbenchUsageError(f"--api-base-url: {exc}, got {shown_value(value)}") from None
 
 
 def _as_gpus(value: Any) -> str | None:
@@ -301,7 +286,7 @@ class RunOptions:
         correction = str(_raw(config, "correction") or "none")
         if correction not in ("none", "holm"):
             raise ModelbenchUsageError(
-                f"--mb-correction: expected 'none' or 'holm', got {_shown(correction)}"
+                f"--mb-correction: expected 'none' or 'holm', got {shown_value(correction)}"
             )
         budget = _as_number("error_budget", _raw(config, "error_budget"), float, 0.0)
         if budget is not None and budget > 1:

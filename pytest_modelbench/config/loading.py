@@ -22,7 +22,7 @@ from pytest_modelbench.config.schema import (
     ModelSpec,
 )
 from pytest_modelbench.config.variants import expand_variants
-from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, shown_value
 
 
 @dataclass(frozen=True)
@@ -221,15 +221,6 @@ def _short(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def describe_value(value: Any) -> str:
-    """``repr(value)`` cut to 60 characters (for messages that echo what the user wrote)."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int too large to print
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def format_validation_error(
     where: str, model: type[BaseModel], exc: ValidationError, loc_prefix: Sequence[str] = ()
 ) -> str:
@@ -255,7 +246,7 @@ def format_validation_error(
         return f"{where}: missing required key {key_path!r}"
     if any(word in loc[-1].lower() for word in _SECRET_WORDS):
         return f"{where}: {key_path}: {message}"  # never echo what may be a credential
-    return f"{where}: {key_path}: {message} (got {describe_value(err.get('input'))})"
+    return f"{where}: {key_path}: {message} (got {shown_value(err.get('input'))})"
 
 
 def load_models_file(path: Path) -> dict[str, ModelSpec]:
@@ -301,7 +292,7 @@ def _read_env_file(path: Path) -> tuple[tuple[EnvVariantSpec, ...], list[str]]:
             label += f" ({raw_id})"
         if not isinstance(raw, dict):
             raise ModelbenchUsageError(
-                f"{shown}: {label}: expected a mapping, got {describe_value(raw)}"
+                f"{shown}: {label}: expected a mapping, got {shown_value(raw)}"
             )
         try:
             variants.append(EnvVariantSpec.model_validate(raw))
@@ -365,11 +356,11 @@ def load_baseline_file(path: Path) -> dict[str, BaselineEntrySpec]:
         )
     entries: dict[str, BaselineEntrySpec] = {}
     for env_id, raw in data.items():
-        name = env_id if _plain(env_id) else describe_value(env_id)
+        name = env_id if _plain(env_id) else shown_value(env_id)
         if not isinstance(raw, dict):
             raise ModelbenchUsageError(
                 f"{shown}: {name}: expected a mapping with 'value'/'margin', "
-                f"'min' or 'run', got {describe_value(raw)}"
+                f"'min' or 'run', got {shown_value(raw)}"
             )
         try:
             entries[str(env_id)] = BaselineEntrySpec.model_validate(raw)
