@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_modelbench.gates import NonInferiorityRule, PairedRule, ScoreSummary
-from pytest_modelbench.stats import proportion_estimate
+from pytest_modelbench.gating.gates import NonInferiorityRule, PairedRule, ScoreSummary
+from pytest_modelbench.gating.stats import proportion_estimate
 
 N_EXAMPLES = 1319
 P_REF = 0.70

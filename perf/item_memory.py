@@ -2,7 +2,7 @@
 
 Builds a throw-away project with one jsonl environment whose generated dataset has
 ``--examples`` questions, starts the simulated server in its own process
-(``python -m pytest_modelbench.testing.simserver``, many slots, no latency, a lookup
+(``python -m pytest_modelbench.testing``, many slots, no latency, a lookup
 that answers 70% of the questions right) and runs the item through a real
 ``python -m pytest`` subprocess.
 
@@ -49,8 +49,8 @@ from pathlib import Path
 
 import pytest
 
-import pytest_modelbench.client  # noqa: F401 - the HTTP stack, loaded before the baseline
-import pytest_modelbench.runner  # noqa: F401
+import pytest_modelbench.running.client  # noqa: F401 - the HTTP stack, loaded before the baseline
+import pytest_modelbench.running.runner  # noqa: F401
 
 MARKS = {}
 

@@ -1,6 +1,6 @@
 """Throughput of one item against the same simulated server: modelbench vs lm-eval vs verifiers.
 
-One invocation starts ``python -m pytest_modelbench.testing.simserver`` in its own
+One invocation starts ``python -m pytest_modelbench.testing`` in its own
 process (``--slots S --latency L``, fixed latency, accuracy 0.8 on a lookup of the
 generated questions) and sends it the same N chat requests from three clients, each
 run as a subprocess so its start-up and CPU are measured:

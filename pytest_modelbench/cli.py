@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.reporting.model import RunNotFound, list_runs, load_run, resolve_run
-from pytest_modelbench.store import MANIFEST, read_json
+from pytest_modelbench.store.files import read_json
+from pytest_modelbench.store.runstore import MANIFEST
 
 USAGE_ERROR = 2
 STALE_AFTER_S = 600  # a "running" item not updated for this long belongs to a dead session

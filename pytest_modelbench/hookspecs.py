@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_modelbench.backends.base import Backend
+    from pytest_modelbench.backends.protocol import Backend
 
 
 @pytest.hookspec(firstresult=True)

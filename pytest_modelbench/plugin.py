@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from pytest_modelbench import hookspecs, scheduling
+from pytest_modelbench.config.options import RunOptions, add_options
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.options import RunOptions, add_options
 from pytest_modelbench.reporting.options import add_report_options
 from pytest_modelbench.reporting.writer import register as register_reports
-from pytest_modelbench.result import EvalResult
-from pytest_modelbench.resume import register as register_resume
-from pytest_modelbench.session import SESSION_KEY, ModelbenchSession
+from pytest_modelbench.session.core import SESSION_KEY, ModelbenchSession
+from pytest_modelbench.session.resume import register as register_resume
+from pytest_modelbench.store.result import EvalResult
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -44,14 +44,14 @@ def pytest_configure(config: pytest.Config) -> None:
     session = ModelbenchSession(config, options)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "modelbench-session")
-    register_reports(config)  # live progress, pytest-html columns, run-directory reports
-    scheduling.register(config)  # model-affinity xdist scheduler (--mb-dist)
+    register_reports(config, session)  # live progress, pytest-html columns, run-directory reports
+    scheduling.register(config, lambda: session.active, session.plan_costs)  # --mb-dist
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Any:
-    from pytest_modelbench.backends.base import resolve_builtin
+    from pytest_modelbench.backends.registry import resolve_builtin
 
     return resolve_builtin(module)
 

@@ -9,6 +9,8 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "test.sh: could not install chromium; the browser test will skip"
 fi
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports --no-logo  # layers and no import cycles ([tool.importlinter] in pyproject.toml)
 .venv/bin/python -m pytest -m "not vllm" -n 2 "$@"
 .venv/bin/python -m pytest -m vllm "$@"

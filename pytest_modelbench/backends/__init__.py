@@ -1,12 +1,4 @@
-"""Backends evaluate one item: built-in suites, generic JSONL data, and (as extras) verifiers / lm-eval."""
+"""Backends evaluate one item: built-in suites, generic JSONL data, and (as extras) verifiers / lm-eval.
 
-from __future__ import annotations
-
-from pytest_modelbench.backends.base import (
-    Backend,
-    ItemContext,
-    known_module_names,
-    resolve_builtin,
-)
-
-__all__ = ["Backend", "ItemContext", "known_module_names", "resolve_builtin"]
+``protocol`` defines what a backend is; ``registry`` maps a variant's ``module`` to one.
+"""

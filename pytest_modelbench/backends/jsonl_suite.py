@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, overload
 
-from pytest_modelbench.tasks import Example, Score, SuiteArgumentError
+from pytest_modelbench.suites.contract import Example, Score, SuiteArgumentError
 
 _ACCEPTED_ARGS = ("path", "question_field", "answer_field", "system_prompt")
 _FINAL = re.compile(r"(?:answer is|answer:)\s*(.+?)\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)

@@ -26,13 +26,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.base import ItemContext, quiet_logger
 from pytest_modelbench.backends.lm_eval_progress import LmEvalProgress
 from pytest_modelbench.backends.lm_eval_tasks import TaskSpec, task_manager, task_spec
+from pytest_modelbench.backends.logs import quiet_logger
+from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
-from pytest_modelbench.plan import PlannedItem
-from pytest_modelbench.summary import summarise_rows
+from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.running.summary import summarise_rows
 
 ROW_SCHEMA_VERSION = 1
 SUPPORTED = ">=0.4.12,<0.5"  # task index and YAML loader of 0.4.12; no torch needed

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_modelbench.progress import ProgressSink
+from pytest_modelbench.running.progress import ProgressSink
 
 REQUEST_METHODS = ("generate_until", "loglikelihood", "loglikelihood_rolling")
 

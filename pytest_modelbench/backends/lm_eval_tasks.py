@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean
-from pytest_modelbench.plan import PlannedItem
+from pytest_modelbench.planning.item import PlannedItem
 
 # lm-eval's default metrics when a task has no metric_list (api/task.py)
 _DEFAULT_METRICS = {

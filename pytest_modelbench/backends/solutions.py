@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.base import ItemContext
+from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.suite_backend import SuiteBackend
 from pytest_modelbench.errors import ModelbenchUsageError
-from pytest_modelbench.plan import PlannedItem
-from pytest_modelbench.store import Journal
-from pytest_modelbench.summary import summarise_rows
-from pytest_modelbench.tasks import Example, aggregate_extra
+from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.suites.contract import Example, aggregate_extra
 
 ROW_SCHEMA_VERSION = 1
 CHUNK = 32  # units per scoring task: parallel within a big file, deadline checked per unit

@@ -1,4 +1,4 @@
-"""Backend for :class:`~pytest_modelbench.tasks.Suite` objects (built-in suites, ``jsonl``)."""
+"""Backend for :class:`~pytest_modelbench.suites.contract.Suite` objects (built-in suites, ``jsonl``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import ModelbenchUsageError
-from pytest_modelbench.summary import summarise_rows
-from pytest_modelbench.tasks import Example, Suite, SuiteArgumentError, aggregate_extra
+from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.suites.contract import Example, Suite, SuiteArgumentError, aggregate_extra
 
 if TYPE_CHECKING:
-    from pytest_modelbench.backends.base import ItemContext
-    from pytest_modelbench.plan import PlannedItem
+    from pytest_modelbench.backends.protocol import ItemContext
+    from pytest_modelbench.planning.item import PlannedItem
 
 SCORER_VERSION = 1
 
@@ -65,8 +65,8 @@ class SuiteBackend:
         # the HTTP client is imported only when an item runs, not at collection
         import asyncio
 
-        from pytest_modelbench.client import OpenAIClient, RetryPolicy
-        from pytest_modelbench.runner import LoopSettings, run_loop, work_units
+        from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
+        from pytest_modelbench.running.runner import LoopSettings, run_loop, work_units
 
         item = ctx.item
         examples = self.examples(item)

@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.base import ItemContext, quiet_logger
+from pytest_modelbench.backends.logs import quiet_logger
+from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.solutions import refuse_solutions
-from pytest_modelbench.client import OpenAIClient, RetryPolicy
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
-from pytest_modelbench.plan import PlannedItem
-from pytest_modelbench.summary import summarise_rows
+from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
+from pytest_modelbench.running.summary import summarise_rows
 
 ROW_SCHEMA_VERSION = 1
 SUPPORTED = ">=0.1.14,<0.4"

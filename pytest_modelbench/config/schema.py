@@ -14,6 +14,8 @@ from pydantic import (
     model_validator,
 )
 
+from pytest_modelbench.config.modules import missing_name
+
 JSONDict = dict[str, Any]
 Name = Annotated[str, StringConstraints(max_length=200)]
 """A name that ends up in item ids and messages (model, variant id, metric...)."""
@@ -130,16 +132,9 @@ class EnvVariantSpec(_Strict):
     @classmethod
     def _prefixed_module_names_something(cls, value: str) -> str:
         """``lm_eval:`` alone is refused here, where the message can name the file."""
-        prefix, colon, name = value.partition(":")
-        if colon and not name.strip():
-            from pytest_modelbench.backends.base import PREFIXED_BACKENDS
-
-            backend = PREFIXED_BACKENDS.get(prefix)
-            if backend is not None:
-                raise ValueError(
-                    f"module {value!r}: give the {backend.what} after the colon: "
-                    f"'{prefix}:<{backend.what}>'"
-                )
+        missing = missing_name(value)
+        if missing is not None:
+            raise ValueError(f"module {value!r}: {missing}")
         return value
 
     @field_validator("num_examples")

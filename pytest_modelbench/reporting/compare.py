@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_modelbench import stats
+from pytest_modelbench.gating import stats
 from pytest_modelbench.reporting.leaderboard import cells, score_table, win_rates
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.reporting.rows import item_rows, row_score

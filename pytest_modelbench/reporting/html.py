@@ -15,7 +15,7 @@ from pytest_modelbench.reporting import charts
 from pytest_modelbench.reporting.leaderboard import Cell, cells, ranked_models
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.reporting.rows import Example, failing_examples
-from pytest_modelbench.store import atomic_write_text
+from pytest_modelbench.store.files import atomic_write_text
 
 REPORT_NAME = "report.html"
 MAX_TEXT = 2000

@@ -18,7 +18,8 @@ import pytest
 
 from pytest_modelbench.reporting.html import item_fragment, summary_fragment, verdict_class
 from pytest_modelbench.reporting.model import ItemRecord, RunData, build_item, load_run
-from pytest_modelbench.store import read_json, safe_component
+from pytest_modelbench.store.files import read_json
+from pytest_modelbench.store.runstore import safe_component
 
 PROPERTY_PREFIX = "mb_"
 _MISSING_KEY = "~"  # sorts after every number key

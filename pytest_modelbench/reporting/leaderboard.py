@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.reporting.model import LEADERBOARD_JSON, ItemRecord, RunData
-from pytest_modelbench.store import atomic_write_text
+from pytest_modelbench.store.files import atomic_write_text
 
 LEADERBOARD_SCHEMA_VERSION = 1
 _VERDICT_RANK = {"fail": 4, "error": 3, "pass": 2, "no baseline": 1, "": 0}

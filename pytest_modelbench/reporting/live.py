@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_modelbench.progress import ItemSnapshot, RecordingProgress, read_progress_dir
+from pytest_modelbench.running.progress import ItemSnapshot, RecordingProgress, read_progress_dir
 
 PREFIX = "[modelbench]"
 

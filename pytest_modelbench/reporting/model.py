@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.store import MANIFEST, RunStore, read_json, safe_component
+from pytest_modelbench.store.files import read_json
+from pytest_modelbench.store.runstore import MANIFEST, RunStore, safe_component
 
 LEADERBOARD_JSON = "leaderboard.json"
 _STEP = re.compile(r"^(?P<base>.+)-step(?P<step>\d+)$")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.reporting.model import ItemRecord, RunData
-from pytest_modelbench.store import Journal
+from pytest_modelbench.store.journal import Journal
 
 PARQUET_SCHEMA_VERSION = 1
 PARQUET_NAME = "results.parquet"

@@ -13,16 +13,32 @@ import sys
 import uuid
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
-from pytest_modelbench.progress import PROGRESS_SINK, FileProgress, RecordingProgress
+from pytest_modelbench.planning.item import Plan
 from pytest_modelbench.reporting.options import ReportOptions
-from pytest_modelbench.session import SESSION_KEY, ModelbenchSession, is_worker
+from pytest_modelbench.running.progress import PROGRESS_SINK, FileProgress, RecordingProgress
+from pytest_modelbench.workers import WORKER_PROGRESS_DIR, is_worker, worker_input
 
-WORKER_PROGRESS_DIR = "modelbench_progress_dir"
 PROGRESS_DIRNAME = ".progress"
+
+
+class SessionView(Protocol):
+    """What the reports need from the modelbench session (the plugin passes the session)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def records(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def plan(self) -> Plan: ...
 
 
 def write_run_reports(
@@ -48,10 +64,10 @@ def write_run_reports(
 class ReportWriter:
     """Registered by ``plugin.pytest_configure`` on every process."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, session: SessionView) -> None:
         self.config = config
         self.options = ReportOptions.from_config(config)
-        self.session: ModelbenchSession = config.stash[SESSION_KEY]
+        self.session = session
         self.live: Any = None  # reporting.live.LiveProgress on the controller while running
         self._token = uuid.uuid4().hex[:12]
         self._written: list[Path] | None = None
@@ -59,9 +75,9 @@ class ReportWriter:
         self.mode = "off"
         self.local: RecordingProgress | None = None
         if is_worker(config):
-            directory = config.workerinput.get(WORKER_PROGRESS_DIR)  # type: ignore[attr-defined]
+            directory = worker_input(config).get(WORKER_PROGRESS_DIR)
             if directory:
-                worker = str(config.workerinput.get("workerid", "worker"))  # type: ignore[attr-defined]
+                worker = str(worker_input(config).get("workerid", "worker"))
                 config.stash[PROGRESS_SINK] = FileProgress(
                     Path(directory) / f"{worker}.json", worker
                 )
@@ -218,7 +234,7 @@ def _columns(fd: int, fallback: int) -> int:
     return columns if columns > 0 else fallback  # a pseudo-terminal may report 0 x 0
 
 
-def _planned(items: list[pytest.Item], session: ModelbenchSession) -> dict[str, str]:
+def _planned(items: list[pytest.Item], session: SessionView) -> dict[str, str]:
     planned = {}
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -228,7 +244,7 @@ def _planned(items: list[pytest.Item], session: ModelbenchSession) -> dict[str, 
     return planned
 
 
-def _planned_from_ids(ids: list[str], session: ModelbenchSession) -> dict[str, str]:
+def _planned_from_ids(ids: list[str], session: SessionView) -> dict[str, str]:
     """xdist: the controller sees node ids only; match their parameter part to plan items."""
     try:
         by_id = {item.item_id: item.variant.id for item in session.plan.items}
@@ -246,6 +262,6 @@ def _planned_from_ids(ids: list[str], session: ModelbenchSession) -> dict[str, s
     return planned
 
 
-def register(config: pytest.Config) -> None:
-    """Called from ``plugin.pytest_configure`` after the session object is stashed."""
-    config.pluginmanager.register(ReportWriter(config), "modelbench-reports")
+def register(config: pytest.Config, session: SessionView) -> None:
+    """Called from ``plugin.pytest_configure`` with the session object."""
+    config.pluginmanager.register(ReportWriter(config, session), "modelbench-reports")

@@ -10,9 +10,13 @@ The decisions live in :mod:`~pytest_modelbench.scheduling.policy` (pure, simulat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from pytest_modelbench.scheduling.costs import JobSource
+from pytest_modelbench.workers import is_worker
 
 DIST_MODES = ("modelbench", "off")
 
@@ -34,34 +38,38 @@ def dist_mode(config: pytest.Config) -> str | None:
 
 
 class ModelbenchDist:
-    """Offers xdist the model-affinity scheduler when this run evaluates benchmark items."""
+    """Offers xdist the model-affinity scheduler when this run evaluates benchmark items.
 
-    def __init__(self, mode: str | None) -> None:
+    ``active`` says whether the session selected benchmark items; ``costs`` gives their
+    cost model (the session builds it from its plan, the run store and the duration memory).
+    """
+
+    def __init__(
+        self, mode: str | None, active: Callable[[], bool], costs: Callable[[], JobSource]
+    ) -> None:
         self.mode = mode
+        self._active = active
+        self._costs = costs
 
     def wanted(self, config: pytest.Config) -> bool:
         if self.mode is not None:
             return self.mode == "modelbench"
-        from pytest_modelbench.session import SESSION_KEY
-
-        session = config.stash.get(SESSION_KEY, None)
-        return bool(session is not None and session.active and config.getvalue("dist") == "load")
+        return self._active() and config.getvalue("dist") == "load"
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if not self.wanted(config):
             return None
-        from pytest_modelbench.scheduling.costs import PlanCosts
+        # xdist is imported only when a distributed session asks for a scheduler
         from pytest_modelbench.scheduling.dist import ModelAffinityScheduling
-        from pytest_modelbench.session import SESSION_KEY
 
-        return ModelAffinityScheduling(
-            config, log, jobs=PlanCosts.from_session(config.stash[SESSION_KEY])
-        )
+        return ModelAffinityScheduling(config, log, jobs=self._costs())
 
 
-def register(config: pytest.Config) -> None:
+def register(
+    config: pytest.Config, active: Callable[[], bool], costs: Callable[[], JobSource]
+) -> None:
     """Validate ``--mb-dist`` and register the scheduler hook (controller only)."""
     mode = dist_mode(config)
-    if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(ModelbenchDist(mode), "modelbench-dist")
+    if not is_worker(config):
+        config.pluginmanager.register(ModelbenchDist(mode, active, costs), "modelbench-dist")

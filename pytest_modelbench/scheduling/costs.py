@@ -10,7 +10,6 @@ tests that are not benchmark items are cheap and need no server.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,12 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_modelbench.scheduling.policy import Job
 
 if TYPE_CHECKING:
-    import pytest
+    from pytest_modelbench.planning.item import PlannedItem
 
-    from pytest_modelbench.plan import PlannedItem
-    from pytest_modelbench.session import ModelbenchSession
-
-DURATIONS_KEY = "modelbench/durations"
 SERVER_START_S = 60.0  # starting a vLLM server: what a model switch costs a worker
 ENDPOINT_SWITCH_S = 5.0  # an external endpoint: no server, but a pre-flight and cold connections
 TOKENS_PER_S = 2000.0  # one server's throughput when no earlier run says otherwise
@@ -64,25 +59,6 @@ def item_id_of(nodeid: str, known: Collection[str]) -> str | None:
     return None
 
 
-def read_durations(config: pytest.Config) -> dict[str, float]:
-    """Remembered item durations; anything missing or malformed is ignored."""
-    cache = getattr(config, "cache", None)
-    if cache is None:
-        return {}
-    try:
-        raw = cache.get(DURATIONS_KEY, None)
-    except Exception:  # a corrupt cache file must not stop the run
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    durations: dict[str, float] = {}
-    for key, value in raw.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(key, str) and number and math.isfinite(value) and value >= 0:
-            durations[key] = float(value)
-    return durations
-
-
 @dataclass(frozen=True)
 class ItemCost:
     model: str | None
@@ -108,17 +84,6 @@ class PlanCosts:
         self._tokens_per_example: dict[str, int] = {}
         self._costs: dict[str, ItemCost] = {}
         self._seconds_per_token = self._calibrate()
-
-    @classmethod
-    def from_session(cls, session: ModelbenchSession) -> PlanCosts:
-        try:
-            items = session.plan.by_id() if session.active else {}
-        except Exception:  # the session reports plan errors itself; schedule plainly
-            items = {}
-        finished: set[str] = set()
-        if items and not session.options.force:
-            finished = _finished_items(session)
-        return cls(items, session.backend_for, read_durations(session.config), finished)
 
     # -- JobSource -------------------------------------------------------------------------
     def jobs(self, collection: Sequence[str]) -> list[Job]:
@@ -225,17 +190,3 @@ class TableCosts:
 
     def start_costs(self) -> dict[str, float]:
         return dict(self._start_costs)
-
-
-def _finished_items(session: ModelbenchSession) -> set[str]:
-    """Item ids the run manifest lists as finished (they will be read back, not evaluated)."""
-    from pytest_modelbench.store import RunStore
-
-    try:
-        manifest = RunStore(session.run_dir).read_manifest()
-    except Exception:  # no run directory yet, or unreadable: assume nothing is finished
-        return set()
-    items = manifest.get("items")
-    if not isinstance(items, dict):
-        return set()
-    return {k for k, v in items.items() if isinstance(v, dict) and v.get("status") == "finished"}

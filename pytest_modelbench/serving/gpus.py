@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.serving.base import ServingError
 
 __all__ = [
@@ -61,16 +62,10 @@ FAKE_ENV = "MODELBENCH_FAKE_GPUS"  # "0:0,1:0,2:30000" = index:MiB-in-use (tests
 BUSY_ENV = "MODELBENCH_GPU_BUSY_MIB"
 LOCK_DIR_ENV = "MODELBENCH_GPU_LOCK_DIR"  # must be host-local: GPU ids only mean something per host
 DEFAULT_BUSY_MIB = 1024  # an idle GPU shows a few MiB; a loaded model, gigabytes
-_GPU_ID = re.compile(r"^(?:\d+|(?:GPU|MIG)-[0-9A-Za-z/_-]+)$")
-_NONE_WORDS = frozenset({"", "none", "cpu", "-1", "nodevfiles"})
 
 
 class GpuWarning(UserWarning):
     """A GPU setting was ignored or a GPU was skipped; the message says which and why."""
-
-
-class GpuSpecError(ValueError):
-    """A malformed GPU list given explicitly (``--gpus``)."""
 
 
 class NoFreeGpuError(ServingError):
@@ -95,22 +90,6 @@ class GpuProvider(Protocol):
     name: str
 
     def gpus(self) -> list[Gpu] | None: ...
-
-
-def parse_gpu_list(text: str, source: str) -> list[str]:
-    """``"0,1,3"`` → ``["0", "1", "3"]``; ``""``/``none``/``-1`` → ``[]``; else GpuSpecError."""
-    if text.strip().lower() in _NONE_WORDS:
-        return []
-    ids: list[str] = []
-    for token in (t.strip() for t in text.split(",")):
-        if not _GPU_ID.match(token):
-            raise GpuSpecError(
-                f"{source}={text!r}: {token!r} is not a GPU index or GPU-<uuid>; "
-                "expected a comma-separated list such as 0,1,3 (or 'none' for no GPU)"
-            )
-        if token not in ids:
-            ids.append(token)
-    return ids
 
 
 @dataclass
@@ -164,7 +143,7 @@ class FakeGpuProvider:
         gpus = []
         for item in (t.strip() for t in spec.split(",") if t.strip()):
             index, _, used = item.partition(":")
-            if not _GPU_ID.match(index) or (used and not used.isdigit()):
+            if not GPU_ID.match(index) or (used and not used.isdigit()):
                 raise ValueError(
                     f"{FAKE_ENV}={spec!r}: bad item {item!r} (want index:MiB, e.g. 0:0)"
                 )

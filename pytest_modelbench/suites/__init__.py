@@ -1,7 +1,7 @@
 """Built-in benchmark suites with vendored data (no network, no extra package).
 
 ``BUILTIN_SUITES`` maps each name usable as an environment's ``module`` to a
-factory of a :class:`~pytest_modelbench.tasks.Suite`. Data, licences and
+factory of a :class:`~pytest_modelbench.suites.contract.Suite`. Data, licences and
 checksums are in ``suites/data/`` (rebuilt by ``scripts/vendor_data.py``).
 """
 
@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from pytest_modelbench.suites.args import did_you_mean
 from pytest_modelbench.suites.coding import MBPP, HumanEval
+from pytest_modelbench.suites.contract import Suite, SuiteArgumentError
 from pytest_modelbench.suites.gsm8k import GSM8K
 from pytest_modelbench.suites.math500 import MATH500
 from pytest_modelbench.suites.multiple_choice import MMLU, MedMCQA, MedQA, MMLUMedical
 from pytest_modelbench.suites.pubmedqa import PubMedQA
-from pytest_modelbench.tasks import Suite, SuiteArgumentError
 
 BUILTIN_SUITES: dict[str, Callable[[], Suite]] = {  # classes are the factories
     "gsm8k": GSM8K,

@@ -2,7 +2,7 @@
 
 A suite lists its :class:`Arg` specs; :func:`parse_env_args` turns the user's
 ``env_args`` mapping into a complete, typed dict or raises
-:class:`~pytest_modelbench.tasks.SuiteArgumentError` naming the arg, the bad
+:class:`~pytest_modelbench.suites.contract.SuiteArgumentError` naming the arg, the bad
 value and what is accepted (with a did-you-mean suggestion).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_modelbench.tasks import SuiteArgumentError
+from pytest_modelbench.suites.contract import SuiteArgumentError
 
 Kind = Literal["int", "bool", "str", "str_list", "int_list"]
 TRUE = {"true", "yes", "on", "1"}

@@ -2,7 +2,7 @@
 
 A concrete suite declares its data files and :class:`~pytest_modelbench.suites.args.Arg`
 specs and implements :meth:`BuiltinSuite.build` plus the scoring methods of the
-:class:`~pytest_modelbench.tasks.Suite` protocol.
+:class:`~pytest_modelbench.suites.contract.Suite` protocol.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from functools import cached_property
 from typing import Any
 
 from pytest_modelbench.suites.args import Arg, parse_env_args
+from pytest_modelbench.suites.contract import JSON, Example, Score
 from pytest_modelbench.suites.vendored import Record, checksum, load_jsonl
-from pytest_modelbench.tasks import JSON, Example, Score
 
 CACHE_SIZE = 8
 
@@ -37,7 +37,7 @@ SYSTEM_PROMPT_ARG = Arg("system_prompt", "str", None, "a system message to prepe
 
 
 class BuiltinSuite(ABC):
-    """Base class of the vendored suites (satisfies :class:`pytest_modelbench.tasks.Suite`)."""
+    """Base class of the vendored suites (satisfies :class:`pytest_modelbench.suites.contract.Suite`)."""
 
     name: str
     primary_metric: str

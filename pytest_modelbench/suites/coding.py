@@ -17,9 +17,9 @@ from typing import Any
 from pytest_modelbench.sandbox import SandboxLimits, default_sandbox
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
+from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.extract import extract_code
 from pytest_modelbench.suites.prompting import chat, plain
-from pytest_modelbench.tasks import Example, Score
 
 PASS_AT = (2, 5, 10, 20, 50, 100)
 MAX_EXTRACTED_CHARS = 4000

@@ -15,13 +15,13 @@ from typing import Any
 
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
+from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.extract import (
     extract_last_number,
     extract_strict_number,
     numbers_equal,
 )
 from pytest_modelbench.suites.prompting import chat, plain
-from pytest_modelbench.tasks import Example, Score
 
 INSTRUCTION = (
     "Solve the following math word problem. Reason step by step, then give the final "

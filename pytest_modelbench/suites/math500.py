@@ -17,9 +17,9 @@ from typing import Any
 
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
+from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.extract import last_boxed, strip_thinking
 from pytest_modelbench.suites.prompting import chat, plain
-from pytest_modelbench.tasks import Example, Score
 
 INSTRUCTION = (
     "Solve the following math problem. Reason step by step, and put your final answer "

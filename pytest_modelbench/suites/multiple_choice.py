@@ -16,10 +16,10 @@ from typing import Any
 
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
+from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.extract import extract_choice
 from pytest_modelbench.suites.prompting import chat, format_options, letter_list, letters_for, plain
 from pytest_modelbench.suites.vendored import Record
-from pytest_modelbench.tasks import Example, Score
 
 INSTRUCTION = (
     "The following is a multiple-choice question{about}. Think step by step if needed, then "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_modelbench.tasks import Message
+from pytest_modelbench.suites.contract import Message
 
 Shot = tuple[str, str]  # (user turn, assistant turn)
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
+from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.extract import LABELS, extract_yes_no_maybe
 from pytest_modelbench.suites.prompting import chat, plain
 from pytest_modelbench.suites.vendored import Record
-from pytest_modelbench.tasks import Example, Score
 
 INSTRUCTION = (
     "Read the abstract and answer the research question with yes, no or maybe. Think briefly "

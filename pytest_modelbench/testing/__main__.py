@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pytest_modelbench.testing.cli import main
+from pytest_modelbench.testing.simserver import main
 
 raise SystemExit(main())

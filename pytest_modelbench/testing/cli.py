@@ -1,4 +1,4 @@
-"""Command line for the simulated server: ``python -m pytest_modelbench.testing.simserver``.
+"""Flags of the simulated server's command line (``python -m pytest_modelbench.testing.simserver``).
 
 The first line on stdout is the OpenAI base URL (``http://127.0.0.1:PORT/v1``),
 so a parent process can read it and point a client there; SIGINT or SIGTERM
@@ -8,16 +8,10 @@ stops the server and prints the outcome counts on stderr.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
-import sys
-from collections.abc import Sequence
 
 from pytest_modelbench.testing.faults import Faults, Latency
 from pytest_modelbench.testing.policy import FALLBACK_TEXT, load_lookup
 from pytest_modelbench.testing.simconfig import SimConfig
-from pytest_modelbench.testing.simserver import SimServer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,38 +84,3 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         port=args.port,
         max_model_len=args.max_model_len,
     )
-
-
-async def serve(config: SimConfig) -> SimServer:
-    """Serve until SIGINT/SIGTERM; print the base URL first, the counts last."""
-    server = SimServer(config)
-    await server.astart()
-    print(server.base_url, flush=True)
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows loops
-            loop.add_signal_handler(signum, done.set)
-    try:
-        await done.wait()
-    finally:
-        await server.astop()
-    counts = " ".join(f"{outcome}={n}" for outcome, n in sorted(server.counts.items()))
-    print(f"simserver stopped: {counts or 'no requests'}", file=sys.stderr, flush=True)
-    return server
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for a bad flag value)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except (ValueError, TypeError, OSError) as exc:
-        parser.error(str(exc))
-    asyncio.run(serve(config))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.tasks import Example
+from pytest_modelbench.suites.contract import Example
 
 Lookup = Mapping[str, tuple[str, str]]
 """Key (last user message or prompt) → (correct completion, wrong completion)."""

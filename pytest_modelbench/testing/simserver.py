@@ -14,19 +14,22 @@ Per-request randomness (fault, latency) comes from a hash of the config seed
 and the request (path, model, key, seed, attempt number), so the same requests
 meet the same faults in every run, whatever order they arrive in.
 
-Run it as a process with ``python -m pytest_modelbench.testing.simserver --help``.
+Run it as a process with ``python -m pytest_modelbench.testing --help``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
+import signal
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -34,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from pytest_modelbench.testing import wire
+from pytest_modelbench.testing.cli import build_parser, config_from_args
 from pytest_modelbench.testing.faults import FaultKind, Faults, Latency
 from pytest_modelbench.testing.reqlog import Outcome, RequestLog, RequestRecord
 from pytest_modelbench.testing.simconfig import SimConfig
@@ -591,7 +595,36 @@ def _not_found(model: str) -> _BadRequest:
     )
 
 
-if __name__ == "__main__":
-    from pytest_modelbench.testing.cli import main
+async def serve(config: SimConfig) -> SimServer:
+    """Serve until SIGINT/SIGTERM; print the base URL first, the counts last."""
+    server = SimServer(config)
+    await server.astart()
+    print(server.base_url, flush=True)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows loops
+            loop.add_signal_handler(signum, done.set)
+    try:
+        await done.wait()
+    finally:
+        await server.astop()
+    counts = " ".join(f"{outcome}={n}" for outcome, n in sorted(server.counts.items()))
+    print(f"simserver stopped: {counts or 'no requests'}", file=sys.stderr, flush=True)
+    return server
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for a bad flag value)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (ValueError, TypeError, OSError) as exc:
+        parser.error(str(exc))
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
     raise SystemExit(main())

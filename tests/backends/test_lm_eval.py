@@ -226,13 +226,13 @@ def test_chat_endpoint_and_unknown_metric(project: Project, sim: Any) -> None:
 
 
 def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_modelbench.backends import base, lm_eval_backend
+    from pytest_modelbench.backends import lm_eval_backend, registry
     from pytest_modelbench.errors import ModelbenchUsageError
 
     monkeypatch.setattr(lm_eval_backend.importlib.util, "find_spec", lambda name: None)
-    base._BACKEND_CACHE.pop("lm_eval:hellaswag", None)
+    registry._BACKEND_CACHE.pop("lm_eval:hellaswag", None)
     with pytest.raises(ModelbenchUsageError, match=r"pip install 'pytest-modelbench\[lm-eval\]'"):
-        base.resolve_builtin("lm_eval:hellaswag")
+        registry.resolve_builtin("lm_eval:hellaswag")
 
 
 @pytest.mark.slow

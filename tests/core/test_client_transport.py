@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.client import (
+from pytest_modelbench.running.client import (
     Completion,
     EndpointUnavailable,
     OpenAIClient,

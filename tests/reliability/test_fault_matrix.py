@@ -1,7 +1,7 @@
 """Real ``pytest -n 2`` sessions against faulty simulated servers: exactly once, nothing lost.
 
 Each test runs whole pytest-modelbench sessions in subprocesses and audits every
-item with :func:`~pytest_modelbench.testing.faultmatrix.audit_item`: each example
+item with :func:`~tests.reliability.faultmatrix.audit_item`: each example
 is completed exactly once with the server's answer or reported as an error (with
 the count in ``summary.json``), nothing finished is lost, and a re-run of the
 same command asks the server only for what is missing. The figures of the same
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_modelbench.runner import request_seed
-from pytest_modelbench.testing.faultmatrix import (
+from pytest_modelbench.running.runner import request_seed
+from pytest_modelbench.testing.reqlog import RequestRecord
+from pytest_modelbench.testing.simconfig import SimConfig
+from tests.reliability.faultmatrix import (
     ENVS,
     SCENARIOS,
     Audit,
@@ -29,8 +31,6 @@ from pytest_modelbench.testing.faultmatrix import (
     run_outage,
     subprocess_run,
 )
-from pytest_modelbench.testing.reqlog import RequestRecord
-from pytest_modelbench.testing.simconfig import SimConfig
 
 EXPECTED_FAULTS = {
     "e5xx": {"5xx"},

@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from pytest_modelbench.backends.base import resolve_builtin
+from pytest_modelbench.backends.registry import resolve_builtin
 from pytest_modelbench.config.loading import (
     load_baseline_file,
     load_config_set,
@@ -32,9 +32,10 @@ from pytest_modelbench.config.loading import (
     load_job_file,
     load_models_file,
 )
+from pytest_modelbench.config.options import _OPTIONS, RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError
-from pytest_modelbench.options import _OPTIONS, RunOptions
-from pytest_modelbench.plan import Plan, build_plan
+from pytest_modelbench.planning.item import Plan
+from pytest_modelbench.planning.plan import build_plan
 from tests.core.conftest import Project
 
 EXAMPLES = int(os.environ.get("MODELBENCH_FUZZ_EXAMPLES", "300"))

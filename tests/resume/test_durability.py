@@ -11,8 +11,8 @@ from typing import IO, Any
 
 import pytest
 
-from pytest_modelbench import store
-from pytest_modelbench.store import RunStore
+from pytest_modelbench.store import journal
+from pytest_modelbench.store.runstore import RunStore
 from tests.core.conftest import Project
 from tests.resume.conftest import completions, configure, manifest, rows
 
@@ -110,7 +110,7 @@ def test_disk_full_mid_item_names_the_file_and_keeps_finished_examples(
         return handle
 
     with pytest.MonkeyPatch.context() as mp:  # (pytester's own monkeypatch must stay)
-        mp.setattr(store, "open", full_disk_open, raising=False)
+        mp.setattr(journal, "open", full_disk_open, raising=False)
         result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(
@@ -181,9 +181,9 @@ def test_a_reader_never_cuts_a_line_being_written(tmp_path: Path) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert list(store.Journal(path).read()) == [("a", 0)]
+        assert list(journal.Journal(path).read()) == [("a", 0)]
     assert path.read_text().endswith('"rol')  # untouched
-    with pytest.warns(store.StoreWarning, match="dropped an unfinished last line"):
-        assert store.Journal(path).repair() == 1
+    with pytest.warns(journal.StoreWarning, match="dropped an unfinished last line"):
+        assert journal.Journal(path).repair() == 1
     assert path.read_text() == whole
     assert (tmp_path / "results.damaged.jsonl").read_text() == '{"example_id": "b", "rol\n'

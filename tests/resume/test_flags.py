@@ -6,7 +6,7 @@ import json
 import warnings
 from typing import Any
 
-from pytest_modelbench.store import Journal
+from pytest_modelbench.store.journal import Journal
 from tests.core.conftest import Project
 from tests.resume.conftest import completions, configure, manifest, rows, run_pytest
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.runner import request_seed
+from pytest_modelbench.running.runner import request_seed
 from tests.core.conftest import Project
 from tests.resume.conftest import (
     comparable,

@@ -10,9 +10,8 @@ import pytest
 
 from pytest_modelbench.config import ModelSpec
 from pytest_modelbench.config.variants import Variant
-from pytest_modelbench.plan import PlannedItem
+from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.scheduling.costs import (
-    DURATIONS_KEY,
     ENDPOINT_SWITCH_S,
     FINISHED_S,
     PLAIN_TEST_S,
@@ -20,8 +19,8 @@ from pytest_modelbench.scheduling.costs import (
     TOKENS_PER_S,
     PlanCosts,
     item_id_of,
-    read_durations,
 )
+from pytest_modelbench.scheduling.durations import DURATIONS_KEY, read_durations
 
 
 def variant(

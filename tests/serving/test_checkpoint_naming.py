@@ -13,7 +13,7 @@ import pytest
 
 from pytest_modelbench.config.schema import ModelSpec
 from pytest_modelbench.errors import ModelbenchUsageError
-from pytest_modelbench.plan import expand_checkpoints
+from pytest_modelbench.planning.plan import expand_checkpoints
 from pytest_modelbench.serving.checkpoints import (
     INDEX_NAME,
     CheckpointNamingError,

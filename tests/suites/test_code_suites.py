@@ -8,8 +8,8 @@ import pytest
 
 from pytest_modelbench.sandbox import Sandbox
 from pytest_modelbench.suites.coding import MBPP, HumanEval, pass_at_k
+from pytest_modelbench.suites.contract import Example
 from pytest_modelbench.suites.extract import extract_code
-from pytest_modelbench.tasks import Example
 
 HE0_BODY = """    for i, a in enumerate(numbers):
         for j, b in enumerate(numbers):

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from pytest_modelbench.suites import BUILTIN_SUITES, load_suite
-from pytest_modelbench.tasks import Suite, SuiteArgumentError, aggregate_extra
+from pytest_modelbench.suites.contract import Suite, SuiteArgumentError, aggregate_extra
 
 TEXT_SUITES = ["gsm8k", "math500", "medqa", "medmcqa", "pubmedqa", "mmlu", "mmlu-medical"]
 

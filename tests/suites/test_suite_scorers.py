@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_modelbench.suites.contract import Example
 from pytest_modelbench.suites.extract import extract_choice, strip_thinking
 from pytest_modelbench.suites.gsm8k import GSM8K
 from pytest_modelbench.suites.math500 import MATH500
 from pytest_modelbench.suites.multiple_choice import MedQA
 from pytest_modelbench.suites.pubmedqa import PubMedQA
-from pytest_modelbench.tasks import Example
 
 # --------------------------------------------------------------------------- thinking
 

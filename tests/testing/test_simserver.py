@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pytest_modelbench.tasks import Example
+from pytest_modelbench.suites.contract import Example
 from pytest_modelbench.testing import (
     AnswerPolicy,
     Faults,
@@ -554,7 +554,7 @@ def test_cli_prints_the_url_first_and_serves(tmp_path: Path) -> None:
     lookup.write_text(json.dumps({"k": ["right", "wrong"]}))
     log = tmp_path / "log.jsonl"
     command = [
-        sys.executable, "-m", "pytest_modelbench.testing.simserver",
+        sys.executable, "-m", "pytest_modelbench.testing",
         "--port", "0", "--slots", "4", "--latency", "0.01", "--accuracy", "1.0",
         "--lookup", str(lookup), "--log", str(log), "--models", "m1,m2", "--fault-429", "0",
     ]  # fmt: skip
@@ -574,7 +574,7 @@ def test_cli_prints_the_url_first_and_serves(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_a_bad_rate() -> None:
-    command = [sys.executable, "-m", "pytest_modelbench.testing.simserver", "--fault-5xx", "2"]
+    command = [sys.executable, "-m", "pytest_modelbench.testing", "--fault-5xx", "2"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "rate must lie in [0, 1]" in proc.stderr

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench import stats
-from pytest_modelbench.gates import (
+from pytest_modelbench.gating import stats
+from pytest_modelbench.gating.gates import (
     BaselineEntry,
     GateRule,
     GateVerdict,

@@ -1,4 +1,4 @@
-"""pytest_modelbench.stats against published answers (textbooks, tables, closed forms)."""
+"""pytest_modelbench.gating.stats against published answers (textbooks, tables, closed forms)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from pytest_modelbench import stats
+from pytest_modelbench.gating import stats
+from pytest_modelbench.gating.stats import significance
 
 # --------------------------------------------------------------------------- distributions
 
@@ -263,7 +264,7 @@ def test_tango_score_test_inverts_to_its_interval() -> None:
 
 def test_tango_restricted_mle_maximises_the_likelihood() -> None:
     b, c, n, delta = 12, 30, 200, -0.03
-    q = stats._tango_restricted_pc(b, c, n, delta)
+    q = significance._tango_restricted_pc(b, c, n, delta)
 
     def loglik(pc: float) -> float:
         pb = pc + delta

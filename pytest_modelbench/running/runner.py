@@ -16,10 +16,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_modelbench.client import OpenAIClient, RequestFailed
-from pytest_modelbench.progress import ProgressSink
-from pytest_modelbench.store import Journal
-from pytest_modelbench.tasks import Example, Suite
+from pytest_modelbench.running.client import OpenAIClient, RequestFailed
+from pytest_modelbench.running.progress import ProgressSink
+from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.suites.contract import Example, Suite
 
 ROW_SCHEMA_VERSION = 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -12,19 +13,18 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
+from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean, one_of
-from pytest_modelbench.options import RunOptions
-from pytest_modelbench.plan import Plan, PlannedItem, build_plan
-from pytest_modelbench.result import EvalResult
-from pytest_modelbench.store import RunStore, find_latest_run, new_run_id
+from pytest_modelbench.planning.item import Plan, PlannedItem
+from pytest_modelbench.planning.plan import build_plan
+from pytest_modelbench.scheduling.costs import PlanCosts
+from pytest_modelbench.scheduling.durations import read_durations
+from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
+from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
-WORKER_RUN_DIR = "modelbench_run_dir"
 PROPERTY_PREFIX = "mb_"
-
-
-def is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 class ModelbenchSession:
@@ -61,7 +61,7 @@ class ModelbenchSession:
             is not None
         ):
             return
-        from pytest_modelbench.backends.base import known_module_names
+        from pytest_modelbench.backends.registry import known_module_names
 
         names = known_module_names()
         prefix = module.split(":", 1)[0]
@@ -78,12 +78,26 @@ class ModelbenchSession:
             self._plan = build_plan(self.config_set, self.options, self.check_module)
         return self._plan
 
+    def plan_costs(self) -> PlanCosts:
+        """The scheduler's cost model: the plan, the items this run already finished, and the
+        remembered durations."""
+        try:
+            items = self.plan.by_id() if self.active else {}
+        except ModelbenchUsageError:  # reported by pytest_collection_modifyitems; schedule plainly
+            items = {}
+        finished: set[str] = set()
+        if items and not self.options.force:
+            with contextlib.suppress(OSError):  # no run directory yet: nothing is finished
+                finished = RunStore(self.run_dir).finished_item_ids()
+        return PlanCosts(items, self.backend_for, read_durations(self.config), finished)
+
     # -- run directory ---------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
         if self._run_dir is None:
-            if is_worker(self.config) and WORKER_RUN_DIR in self.config.workerinput:  # type: ignore[attr-defined]
-                self._run_dir = Path(self.config.workerinput[WORKER_RUN_DIR])  # type: ignore[attr-defined]
+            given = worker_input(self.config).get(WORKER_RUN_DIR)
+            if given:
+                self._run_dir = Path(given)
             else:
                 self._run_dir = self._resolve_run_dir()
         return self._run_dir
@@ -142,7 +156,7 @@ class ModelbenchSession:
             and self._plan is not None
             and not is_worker(self.config)
         ):
-            from pytest_modelbench.terminal import write_plan
+            from pytest_modelbench.session.terminal import write_plan
 
             selected = {
                 item.callspec.params["mb_item"].item_id
@@ -154,16 +168,16 @@ class ModelbenchSession:
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:
         if self._evaluator is None:
-            from pytest_modelbench.endpoint import EndpointManager
-            from pytest_modelbench.evaluate import ItemEvaluator, versions
+            from pytest_modelbench.evaluation.endpoints import EndpointManager
+            from pytest_modelbench.evaluation.evaluate import ItemEvaluator, versions
 
             store = RunStore(self.run_dir)
             store.init(run_name=self.plan.run_name, versions=versions())
-            from pytest_modelbench.servers import ServerPool
+            from pytest_modelbench.serving.pool import ServerPool
 
             serving = ServerPool(self.run_dir, gpus_option=self.options.gpus)
             endpoints = EndpointManager(self.run_dir, serving=serving)
-            from pytest_modelbench.progress import PROGRESS_SINK
+            from pytest_modelbench.running.progress import PROGRESS_SINK
 
             self._evaluator = ItemEvaluator(
                 self.options,
@@ -182,7 +196,7 @@ class ModelbenchSession:
 
     def baseline_book(self) -> Any:
         if self._book is None:
-            from pytest_modelbench.baselines import BaselineBook
+            from pytest_modelbench.gating.baselines import BaselineBook
 
             self._book = BaselineBook(
                 self.options.config_dir / "baselines",
@@ -232,7 +246,7 @@ class ModelbenchSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
             return
-        from pytest_modelbench.terminal import (
+        from pytest_modelbench.session.terminal import (
             write_markdown_summary,
             write_recomputed,
             write_summary_table,
@@ -261,7 +275,7 @@ class ModelbenchSession:
         if self.options.correction == "holm":
             self._apply_holm(session)
         if self.options.update_baselines:
-            from pytest_modelbench.baselines import update_baselines
+            from pytest_modelbench.gating.baselines import update_baselines
 
             run_id = self._run_dir.name if self._run_dir else "unknown"
             self.baselines_written = update_baselines(
@@ -270,7 +284,7 @@ class ModelbenchSession:
 
     def _apply_holm(self, session: pytest.Session) -> None:
         """Re-decide every tested verdict with Holm-adjusted p-values; a failure fails the session."""
-        from pytest_modelbench.gates import GateVerdict, holm_adjust_verdicts
+        from pytest_modelbench.gating.gates import GateVerdict, holm_adjust_verdicts
 
         fields = {f.name for f in dataclasses.fields(GateVerdict)}
         tested = [r for r in self.records if r.get("gate")]

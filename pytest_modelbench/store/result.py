@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.store import Journal
+from pytest_modelbench.store.journal import Journal
 
 
 @dataclass(frozen=True)

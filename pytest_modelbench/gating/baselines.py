@@ -14,12 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench import gates
 from pytest_modelbench.config.loading import display_path, load_baseline_file
 from pytest_modelbench.config.schema import BaselineEntrySpec
 from pytest_modelbench.errors import EvaluationError
-from pytest_modelbench.result import EvalResult
-from pytest_modelbench.store import Journal, safe_component
+from pytest_modelbench.gating import gates
+from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.runstore import safe_component
 
 
 class BaselineBook:
@@ -188,7 +189,7 @@ def update_baselines(
                 entry.pop(stale, None)
         import io
 
-        from pytest_modelbench.store import atomic_write_text
+        from pytest_modelbench.store.files import atomic_write_text
 
         buffer = io.StringIO()
         yaml.dump(document, buffer)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pytest_modelbench import stats
+from pytest_modelbench.gating import stats
 
 __all__ = [
     "BaselineEntry",

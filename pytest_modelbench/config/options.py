@@ -241,7 +241,7 @@ def _as_gpus(value: Any) -> str | None:
     """``--gpus`` checked now (it is used only when a worker starts a server)."""
     if value is None:
         return None
-    from pytest_modelbench.serving.gpus import GpuSpecError, parse_gpu_list
+    from pytest_modelbench.config.gpulist import GpuSpecError, parse_gpu_list
 
     try:
         parse_gpu_list(str(value), "--gpus")

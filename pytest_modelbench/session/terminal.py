@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_modelbench.plan import PlannedItem
-    from pytest_modelbench.session import ModelbenchSession
+    from pytest_modelbench.planning.item import PlannedItem
+    from pytest_modelbench.session.core import ModelbenchSession
 
 
 def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:

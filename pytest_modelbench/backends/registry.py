@@ -1,66 +1,30 @@
-"""The :class:`Backend` protocol and the default module resolution."""
+"""Which backend evaluates a ``module``: built-in suites, ``jsonl``, and the prefixed extras.
+
+This is the default implementation behind the ``pytest_modelbench_make_backend``
+hook. The prefixed backends (``verifiers:<env_id>``, ``lm_eval:<task>``) are
+named by module path and imported only when a variant uses them, so their
+heavy packages stay out of sessions that do not.
+"""
 
 from __future__ import annotations
 
 import importlib
-import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    from pytest_modelbench.endpoint import Endpoint
-    from pytest_modelbench.plan import PlannedItem
-    from pytest_modelbench.progress import ProgressSink
-    from pytest_modelbench.store import ItemStore
-
-
-@dataclass(frozen=True)
-class ItemContext:
-    """What a backend needs to evaluate one item."""
-
-    item: PlannedItem
-    endpoint: Endpoint
-    store: ItemStore
-    error_budget: float
-    progress: ProgressSink
-
-
-class Backend(Protocol):
-    """Evaluates items of one ``module`` kind and writes their journal rows.
-
-    ``describe`` is cheap-ish (may load data) and is used for the plan and
-    fingerprints; ``evaluate`` does the requests and returns the summary
-    metrics dict (the plugin writes ``summary.json``).
-    """
-
-    name: str
-
-    def primary_metric(self, item: PlannedItem) -> str: ...
-
-    def fingerprint_parts(self, item: PlannedItem) -> dict[str, Any]:
-        """Everything besides model/sampling/seed that changes results (data, scorer version)."""
-        ...
-
-    def count_examples(self, item: PlannedItem) -> int: ...
-
-    def tokens_per_example(self) -> int: ...
-
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
-        """Run (or continue) the item; return summary fields (metrics, n, errors...)."""
-        ...
+from pytest_modelbench.backends.jsonl_suite import JsonlSuite
+from pytest_modelbench.backends.protocol import Backend
+from pytest_modelbench.backends.solutions import SolutionsOrSuite
+from pytest_modelbench.backends.suite_backend import SuiteBackend
+from pytest_modelbench.config.modules import missing_name
+from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.suites import BUILTIN_SUITES
 
 
 def _builtin_factories() -> dict[str, Callable[[], Any]]:
     factories: dict[str, Callable[[], Any]] = {}
-    try:
-        from pytest_modelbench.suites import BUILTIN_SUITES
-    except ImportError:  # pragma: no cover - suites ship with the package
-        BUILTIN_SUITES = {}
     factories.update(BUILTIN_SUITES)
-    from pytest_modelbench.backends.jsonl_suite import JsonlSuite
-
     factories["jsonl"] = JsonlSuite
     return factories
 
@@ -86,7 +50,6 @@ class PrefixedBackend:
     prefix: str
     module: str
     factory: str
-    what: str  # what follows the colon, for messages ("environment id", "task name or YAML path")
 
 
 PREFIXED_BACKENDS: dict[str, PrefixedBackend] = {
@@ -94,13 +57,11 @@ PREFIXED_BACKENDS: dict[str, PrefixedBackend] = {
         "verifiers",
         "pytest_modelbench.backends.verifiers_backend",
         "VerifiersBackend",
-        "environment id",
     ),
     "lm_eval": PrefixedBackend(
         "lm_eval",
         "pytest_modelbench.backends.lm_eval_backend",
         "LmEvalBackend",
-        "task name or task YAML path",
     ),
 }
 
@@ -110,13 +71,10 @@ def _resolve_prefixed(module: str) -> Backend | None:
     spec = PREFIXED_BACKENDS.get(prefix)
     if spec is None:
         return None
-    from pytest_modelbench.errors import ModelbenchUsageError
-
+    missing = missing_name(module)
+    if missing is not None:
+        raise ModelbenchUsageError(f"module {module!r}: {missing}")
     name = name.strip()
-    if not name:
-        raise ModelbenchUsageError(
-            f"module {module!r}: give the {spec.what} after the colon: '{prefix}:<{spec.what}>'"
-        )
     backend_module = importlib.import_module(spec.module)  # our thin module: no heavy import
     backend_module.require_extra(module)  # raises with "pip install 'pytest-modelbench[...]'"
     backend: Backend = getattr(backend_module, spec.factory)(name)
@@ -139,22 +97,7 @@ def resolve_builtin(module: str) -> Backend | None:
         factories = _builtin_factories()
         if module not in factories:
             return None
-        from pytest_modelbench.backends.solutions import SolutionsOrSuite
-        from pytest_modelbench.backends.suite_backend import SuiteBackend
-
         backend = SolutionsOrSuite(SuiteBackend(factories[module]()))
     if backend is not None:
         _BACKEND_CACHE[module] = backend
     return backend
-
-
-@contextmanager
-def quiet_logger(name: str) -> Iterator[None]:
-    """Keep a chatty library logger (lm-eval, verifiers log every batch at INFO) at WARNING while it runs."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from pytest_modelbench.backends.jsonl_suite import JsonlSuite
-from pytest_modelbench.runner import request_seed
+from pytest_modelbench.running.runner import request_seed
 from pytest_modelbench.testing.faults import Faults, Latency
 from pytest_modelbench.testing.policy import AnswerPolicy, lookup_from_examples
 from pytest_modelbench.testing.reqlog import RequestRecord

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pytest_modelbench import stats
+from pytest_modelbench.gating import stats
 
 
 def _finite(value: float) -> float | None:

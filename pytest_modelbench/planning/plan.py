@@ -6,47 +6,19 @@ import glob
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.config import ConfigSet, ModelSpec, Variant, expand_variants, load_job_file
 from pytest_modelbench.config.loading import display_path
+from pytest_modelbench.config.modules import missing_name
+from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.config.schema import EnvVariantSpec, JobFile
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
-from pytest_modelbench.options import RunOptions
+from pytest_modelbench.planning.item import Plan, PlannedItem
 
 SMOKE = "smoke"
-
-
-@dataclass(frozen=True)
-class PlannedItem:
-    """One pytest item: a model evaluated on one variant with one seed."""
-
-    item_id: str
-    model_name: str
-    model: ModelSpec
-    variant: Variant
-    seed: int
-    num_examples: int  # -1 = all
-
-    @property
-    def env(self) -> str:
-        return self.variant.env
-
-    def sampling_args(self) -> dict[str, Any]:
-        """Model sampling args, overridden by the variant's (CLI overrides are already merged)."""
-        return {**self.model.sampling_args, **self.variant.sampling_args}
-
-
-@dataclass(frozen=True)
-class Plan:
-    items: tuple[PlannedItem, ...]
-    run_name: str
-    run_parent: Path | None  # from a job file's output_dir
-
-    def by_id(self) -> dict[str, PlannedItem]:
-        return {item.item_id: item for item in self.items}
 
 
 def smoke_model_spec() -> ModelSpec:
@@ -157,11 +129,10 @@ def _variants_for(
             chosen.append(by_id[selector])
         else:
             # a built-in suite or backend module given directly: --env gsm8k, --env lm_eval:arc_easy
-            prefix, sep, rest = selector.partition(":")
-            if sep and not rest.strip():
+            missing = missing_name(selector)
+            if missing is not None:
                 raise ModelbenchUsageError(
-                    f"--env {selector!r}: no name after {prefix + ':'!r}; "
-                    f"write it as --env {prefix}:<name> (e.g. lm_eval:arc_easy, verifiers:wordle)"
+                    f"--env {selector!r}: no name after {selector!r}; {missing}"
                 )
             check_module(selector, f"--env {selector}")
             spec = EnvVariantSpec(id=selector_id(selector), module=selector)

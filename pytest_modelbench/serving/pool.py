@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.store import safe_component
+from pytest_modelbench.store.runstore import safe_component
 
 if TYPE_CHECKING:
-    from pytest_modelbench.plan import PlannedItem
+    from pytest_modelbench.planning.item import PlannedItem
 
 SMOKE = "smoke"
 MAX_RESTARTS = 1

@@ -9,45 +9,14 @@ GPU(s), reused across items of the same model and stopped on model switch.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_modelbench.client import EndpointUnavailable, OpenAIClient
 from pytest_modelbench.errors import EvaluationError
+from pytest_modelbench.running.endpoint import Endpoint
 
 if TYPE_CHECKING:
-    from pytest_modelbench.plan import PlannedItem
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An OpenAI-compatible place to send one model's requests. The key is never written anywhere."""
-
-    base_urls: tuple[str, ...]
-    served_model: str
-    api: str
-    api_key: str | None = field(default=None, repr=False)
-    backoff_s: float = 0.5
-    preflight_timeout_s: float = 15.0
-    checked: dict[tuple[tuple[str, ...], str], str | None] = field(
-        default_factory=dict, compare=False, repr=False
-    )  # shared per worker: key -> None (passed) or the failure message (fail the next items at once)
-
-    async def ensure_ready(self, client: OpenAIClient) -> None:
-        """Pre-flight once per worker: fail fast with the URL when unreachable or missing the model."""
-        key = (self.base_urls, self.served_model)
-        if key in self.checked:
-            failure = self.checked[key]
-            if failure is not None:
-                raise EvaluationError(failure)
-            return
-        try:
-            await client.preflight(self.served_model, timeout_s=self.preflight_timeout_s)
-        except EndpointUnavailable as exc:
-            self.checked[key] = str(exc)
-            raise EvaluationError(str(exc)) from None
-        self.checked[key] = None
+    from pytest_modelbench.planning.item import PlannedItem
 
 
 def _api_key(var: str | None, model_name: str) -> str | None:

@@ -19,20 +19,21 @@ from typing import Any
 
 from filelock import FileLock
 
-from pytest_modelbench.backends.base import Backend, ItemContext
-from pytest_modelbench.endpoint import EndpointManager
+from pytest_modelbench.backends.protocol import Backend, ItemContext
+from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.fingerprint import (
+from pytest_modelbench.evaluation.endpoints import EndpointManager
+from pytest_modelbench.planning.fingerprint import (
     FINGERPRINT_VERSION,
     describe_changes,
     digest,
     model_identity,
 )
-from pytest_modelbench.options import RunOptions
-from pytest_modelbench.plan import PlannedItem
-from pytest_modelbench.progress import NullProgress, ProgressSink
-from pytest_modelbench.result import EvalResult
-from pytest_modelbench.store import ItemStore, RunStore, StoreWriteError
+from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.running.progress import NullProgress, ProgressSink
+from pytest_modelbench.store.files import StoreWriteError
+from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
 
 
 def versions() -> dict[str, str]:
@@ -160,8 +161,6 @@ class ItemEvaluator:
     def restart_source(self) -> Path | None:
         """The run ``--restart`` named (kept in the manifest, so resumed sessions keep seeding)."""
         if self._restart_source is False:
-            from pytest_modelbench.resume import resolve_run_ref
-
             source = None
             if self.options.restart:
                 source = resolve_run_ref(

@@ -1,0 +1,1 @@
+"""Gating: statistics, gate rules and verdicts, and where baselines come from."""

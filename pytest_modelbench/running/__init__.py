@@ -1,0 +1,1 @@
+"""Running one item's requests: the async loop, the OpenAI-compatible client, endpoints, progress, and metrics from journal rows."""

@@ -1,0 +1,67 @@
+"""Resume beyond one run directory: the ``--restart`` check, duration memory, crash-proof ``--lf``.
+
+The run store (``store/``) and the evaluator (``evaluation/``) make one run
+directory resumable. This module registers the controller-side plugins that
+span sessions: checking ``--restart OLD_RUN`` before anything runs, and
+keeping every item's duration (``scheduling/durations.py``) and pytest's
+``--lf`` record current as items finish rather than at session end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.scheduling.durations import read_durations, write_durations
+from pytest_modelbench.session.lastfailed import LastFailedRecorder
+from pytest_modelbench.store.runstore import resolve_run_ref
+from pytest_modelbench.workers import is_worker
+
+
+class ResumePlugin:
+    """Controller-side: checks ``--restart`` before anything runs and remembers item durations."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self._durations: dict[str, float] | None = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        from pytest_modelbench.session.core import SESSION_KEY
+
+        mb = self.config.stash.get(SESSION_KEY, None)
+        if mb is None or not mb.active or not mb.options.restart or self.config.option.collectonly:
+            return
+        try:
+            resolve_run_ref(mb.run_dir.parent, mb.options.restart, mb.run_dir)
+        except ModelbenchUsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        props: dict[str, Any] = {}
+        for entry in report.user_properties:
+            key, value = entry
+            if key in ("mb_item", "mb_duration_s"):
+                props[key] = value
+        item_id, seconds = props.get("mb_item"), props.get("mb_duration_s")
+        if not item_id or not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            return
+        if self._durations is None:
+            self._durations = read_durations(self.config)
+        if self._durations.get(item_id) == seconds:
+            return
+        self._durations[item_id] = float(seconds)
+        write_durations(self.config, self._durations)
+
+
+def register(config: pytest.Config) -> None:
+    """Register resume's controller-side plugins (only the controller writes the cache)."""
+    if is_worker(config):
+        return
+    config.pluginmanager.register(ResumePlugin(config), "modelbench-resume")
+    if getattr(config, "cache", None) is not None:
+        config.pluginmanager.register(LastFailedRecorder(config), "modelbench-lastfailed")

@@ -1,0 +1,199 @@
+"""The run store: ``runs/<run_id>/`` with a locked manifest and one directory per item.
+
+Writes are atomic (temp file + fsync + rename); the per-example journal is
+append-only, one whole JSON line per example, flushed per line and fsync'd at
+item end, so a crash loses at most the examples in flight. Safe for many
+xdist workers (and hosts on a shared filesystem) writing one run directory.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from pytest_modelbench.errors import ModelbenchUsageError, one_of
+from pytest_modelbench.store.files import (
+    StoreWriteError,
+    atomic_write_json,
+    link_or_copy,
+    read_json,
+)
+from pytest_modelbench.store.journal import Journal
+
+SCHEMA_VERSION = 1
+MANIFEST = "run_manifest.json"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
+
+
+def safe_component(name: str) -> str:
+    """An item id made safe as a single path component (no separators, no '..')."""
+    cleaned = _UNSAFE.sub("_", name).strip(".") or "_"
+    return cleaned[:200]
+
+
+@dataclass(frozen=True)
+class ItemStore:
+    """Files of one item: ``results.jsonl``, ``summary.json``, ``metadata.json``."""
+
+    directory: Path
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.directory / "results.jsonl")
+
+    @property
+    def summary_path(self) -> Path:
+        return self.directory / "summary.json"
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.directory / "metadata.json"
+
+    def read_summary(self) -> dict[str, Any] | None:
+        return read_json(self.summary_path)
+
+    def read_metadata(self) -> dict[str, Any] | None:
+        return read_json(self.metadata_path)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        atomic_write_json(self.summary_path, {"schema_version": SCHEMA_VERSION, **summary})
+
+    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
+        atomic_write_json(self.metadata_path, {"schema_version": SCHEMA_VERSION, **metadata})
+
+    def clear_summary(self) -> None:
+        try:
+            self.summary_path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreWriteError(
+                exc.errno, f"cannot remove {self.summary_path}: {exc.strerror}"
+            ) from exc
+
+    def seed_from(self, other: ItemStore) -> None:
+        """Take ``other``'s finished files: the journal hard-linked (copied across filesystems),
+        metadata and summary copied; the summary last, so a crash leaves no half-seeded item."""
+        link_or_copy(other.journal.path, self.journal.path)
+        link_or_copy(other.metadata_path, self.metadata_path, link=False)
+        link_or_copy(other.summary_path, self.summary_path, link=False)
+
+
+class RunStore:
+    """One run directory, shared by every worker of a session."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.manifest_path = directory / MANIFEST
+        self._lock = FileLock(str(directory / f".{MANIFEST}.lock"), timeout=120)
+
+    @property
+    def run_id(self) -> str:
+        return self.directory.name
+
+    def item(self, item_id: str) -> ItemStore:
+        return ItemStore(self.directory / safe_component(item_id))
+
+    def read_manifest(self) -> dict[str, Any]:
+        return read_json(self.manifest_path) or {}
+
+    def finished_item_ids(self) -> set[str]:
+        """Item ids the manifest lists as finished (they will be read back, not evaluated)."""
+        items = self.read_manifest().get("items")
+        if not isinstance(items, dict):
+            return set()
+        return {
+            k for k, v in items.items() if isinstance(v, dict) and v.get("status") == "finished"
+        }
+
+    @contextmanager
+    def _manifest(self) -> Iterator[dict[str, Any]]:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreWriteError(
+                exc.errno, f"cannot create {self.directory}: {exc.strerror}"
+            ) from exc
+        with self._lock:
+            manifest = self.read_manifest()
+            manifest.setdefault("schema_version", SCHEMA_VERSION)
+            manifest.setdefault("run_id", self.run_id)
+            manifest.setdefault("items", {})
+            yield manifest
+            atomic_write_json(self.manifest_path, manifest)
+
+    def init(self, **fields: Any) -> None:
+        """Create the run directory and record run-level metadata (first writer sets created_at)."""
+        with self._manifest() as manifest:
+            manifest.setdefault("created_at", _now())
+            for key, value in fields.items():
+                manifest[key] = value
+            manifest["updated_at"] = _now()
+
+    def update_item(self, item_id: str, **fields: Any) -> None:
+        """Merge ``fields`` into the manifest entry of ``item_id`` (atomic, locked)."""
+        with self._manifest() as manifest:
+            entry = manifest["items"].setdefault(item_id, {"path": safe_component(item_id)})
+            entry.update(fields)
+            entry["updated_at"] = _now()
+            manifest["updated_at"] = _now()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def find_latest_run(parent: Path, run_name: str, restart_from: str | None = None) -> Path | None:
+    """The most recently created run directory under ``parent`` whose manifest has ``run_name``
+    (and, given ``restart_from``, that was seeded from that run, so ``--restart`` continues it)."""
+    if not parent.is_dir():
+        return None
+    best: tuple[str, Path] | None = None
+    for manifest_path in parent.glob(f"*/{MANIFEST}"):
+        manifest = read_json(manifest_path) or {}
+        if manifest.get("run_name") != run_name:
+            continue
+        if restart_from is not None and manifest.get("restart_from") != Path(restart_from).name:
+            continue
+        created = str(manifest.get("created_at", ""))
+        key = (created, manifest_path.parent)
+        if best is None or key > best:
+            best = key
+    return best[1] if best else None
+
+
+def new_run_id(parent: Path, run_name: str) -> str:
+    """``<run_name>-<YYYYmmdd-HHMMSS>``, with a counter when that exists already."""
+    base = f"{safe_component(run_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, n = base, 1
+    while (parent / candidate).exists():
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def resolve_run_ref(parent: Path, ref: str, this_run: Path | None = None) -> Path:
+    """The run directory ``--restart REF`` names: a run id under ``parent``, or a directory path."""
+    given = Path(ref).expanduser()
+    candidates = [given] if given.is_absolute() else [parent / ref, given.absolute()]
+    for candidate in candidates:
+        if (candidate / MANIFEST).is_file():
+            if this_run is not None and candidate.resolve() == this_run.resolve():
+                raise ModelbenchUsageError(
+                    f"--restart {ref}: that is the run being written ({this_run}); "
+                    "name an older run, or drop --restart to continue this one"
+                )
+            return candidate
+    runs = sorted(p.parent.name for p in parent.glob(f"*/{MANIFEST}")) if parent.is_dir() else []
+    raise ModelbenchUsageError(
+        f"--restart {ref}: no run directory {candidates[0]} (no {MANIFEST} there); "
+        f"runs under {parent}: {one_of(runs)}. Give a run id from there "
+        "or the path of a run directory"
+    )
