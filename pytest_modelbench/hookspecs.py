@@ -7,12 +7,14 @@ conftest or another plugin can take over, as pytest-xdist does for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from pytest_modelbench.backends.protocol import Backend
+    from pytest_modelbench.store.result import EvalResult
 
 
 @pytest.hookspec(firstresult=True)
@@ -21,6 +23,8 @@ def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Backen
 
 
 def pytest_modelbench_item_finished(
-    config: pytest.Config, item_id: str, summary: dict[str, Any]
+    config: pytest.Config, item_id: str, summary: Mapping[str, Any], result: EvalResult
 ) -> None:
-    """Called on the process that evaluated an item, after its summary is written."""
+    """Called on the process that evaluated an item (computed now or read back from the run
+    store) once it is gated: ``summary`` is its ``summary.json``, ``result.verdict`` the gate's
+    decision (``result.gate_deferred`` under ``--mb-correction holm``)."""

@@ -34,8 +34,8 @@ from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
-ROW_SCHEMA_VERSION = 1
 SUPPORTED = ">=0.4.12,<0.5"  # task index and YAML loader of 0.4.12; no torch needed
 INSTALL = "pip install 'pytest-modelbench[lm-eval]'"
 Z95 = 1.959963984540054
@@ -363,7 +363,7 @@ def _rows(results: Mapping[str, Any], name: str, primary: str) -> Iterator[dict[
                 resps = sample.get("resps") or [[None]]
                 first = resps[0] if resps else [None]
                 row = {
-                    "v": ROW_SCHEMA_VERSION,
+                    "v": JOURNAL_ROW_VERSION,
                     "example_id": f"{task}/{doc_id}" if several else str(doc_id),
                     "rollout": 0,
                     "prompt": _text(arguments[0][0] if arguments and arguments[0] else None),

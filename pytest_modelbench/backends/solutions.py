@@ -32,9 +32,9 @@ from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, aggregate_extra
 
-ROW_SCHEMA_VERSION = 1
 CHUNK = 32  # units per scoring task: parallel within a big file, deadline checked per unit
 MAX_PROBLEMS_KEPT = 50  # problems listed in summary.json (all are counted)
 
@@ -220,7 +220,7 @@ class SolutionsBackend:
 
     def _row(self, example: Example, rollout: int) -> dict[str, Any]:
         return {
-            "v": ROW_SCHEMA_VERSION,
+            "v": JOURNAL_ROW_VERSION,
             "example_id": example.id,
             "rollout": rollout,
             "prompt": example.last_user_text if example.messages else example.prompt,

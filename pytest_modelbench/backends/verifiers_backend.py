@@ -35,8 +35,8 @@ from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
 from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
-ROW_SCHEMA_VERSION = 1
 SUPPORTED = ">=0.1.14,<0.4"
 INSTALL = "pip install 'pytest-modelbench[verifiers]'"
 # Chat-completions parameters the OpenAI SDK accepts as keywords; others go in extra_body.
@@ -192,7 +192,7 @@ def output_rows(outputs: Sequence[Mapping[str, Any]]) -> Iterator[dict[str, Any]
         generation = timing.get("generation") if isinstance(timing, Mapping) else None
         latency = generation.get("duration") if isinstance(generation, Mapping) else None
         yield {
-            "v": ROW_SCHEMA_VERSION,
+            "v": JOURNAL_ROW_VERSION,
             "example_id": str(output["example_id"]),
             "rollout": rollout,
             "prompt": last_user_text(prompt),

@@ -9,7 +9,6 @@ GPU(s), reused across items of the same model and stopped on model switch.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
@@ -34,10 +33,7 @@ def _api_key(var: str | None, model_name: str) -> str | None:
 class EndpointManager:
     """Gives each item its endpoint; owns the servers this worker started."""
 
-    def __init__(
-        self, run_dir: Path, *, preflight_timeout_s: float = 15.0, serving: Any = None
-    ) -> None:
-        self.run_dir = run_dir
+    def __init__(self, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
         self._checked: dict[tuple[tuple[str, ...], str], str | None] = {}  # pre-flight outcomes
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
@@ -75,6 +71,10 @@ class EndpointManager:
             preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
             checked=self._checked,
         )
+
+    def recover(self, item: PlannedItem) -> bool:
+        """After a failed item: True when its server had died and was restarted (retry it)."""
+        return self.serving is not None and bool(self.serving.recover(item))
 
     def close(self) -> None:
         if self.serving is not None:

@@ -1,14 +1,14 @@
 """Evaluate one item on a worker: reuse finished results, resume journals, run the backend.
 
-Order of preference: the finished summary of this run (fingerprint matches)
-→ the finished item of the ``--restart`` run (fingerprint matches; files are
-linked in) → continue this run's journal → start over. A fingerprint mismatch
-or ``--force`` moves the old journal aside and says why.
+What is reused is decided in :mod:`~pytest_modelbench.evaluation.reuse`; the
+item's files and manifest entry are kept by its
+:class:`~pytest_modelbench.store.runstore.ItemStore` (``begin``/``finish``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import platform
 import time
@@ -23,15 +23,16 @@ from pytest_modelbench.backends.protocol import Backend, ItemContext
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.evaluation.endpoints import EndpointManager
+from pytest_modelbench.evaluation.reuse import Reuse, decide, seedable
 from pytest_modelbench.planning.fingerprint import (
     FINGERPRINT_VERSION,
-    describe_changes,
     digest,
     model_identity,
 )
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.progress import NullProgress, ProgressSink
 from pytest_modelbench.store.files import StoreWriteError
+from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
 
@@ -86,20 +87,30 @@ def _whole_item_seconds(wall: float, summary: dict[str, Any]) -> tuple[float, bo
     return wall * expected / computed, True
 
 
-def _entry(item: PlannedItem, summary: dict[str, Any]) -> dict[str, Any]:
+def _entry(item: PlannedItem, summary: Mapping[str, Any]) -> ManifestEntry:
     """The manifest entry of an item with this summary."""
-    metric = summary.get("primary_metric")
-    return {
-        "status": summary.get("status"),
-        "fingerprint": summary.get("fingerprint"),
-        "model": item.model_name,
-        "env": item.env,
-        "variant": item.variant.id,
-        "seed": item.seed,
-        "score": summary.get("metrics", {}).get(metric, {}).get("value"),
-        "duration_s": summary.get("duration_s"),
-        "errors": summary.get("errors"),
-    }
+    return ManifestEntry.of_summary(
+        summary, model=item.model_name, env=item.env, variant=item.variant.id, seed=item.seed
+    )
+
+
+def _metadata(item: PlannedItem, fingerprint: str, parts: dict[str, Any]) -> ItemMetadata:
+    return ItemMetadata(
+        item_id=item.item_id,
+        fingerprint=fingerprint,
+        fingerprint_parts=parts,
+        model={"name": item.model_name, **item.model.model_dump(mode="json")},
+        variant={
+            "env": item.env,
+            "id": item.variant.id,
+            "module": item.variant.module,
+            "env_args": dict(item.variant.env_args),
+            "source": str(item.variant.source),
+        },
+        seed=item.seed,
+        num_examples=item.num_examples,
+        versions=versions(),
+    )
 
 
 def _common_error(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -130,17 +141,24 @@ class ItemEvaluator:
         self._manifest_items: dict[str, Any] | None = None  # snapshot, for _settle_manifest
 
     def evaluate(self, item: PlannedItem) -> EvalResult:
+        """The item's result: read back, continued or computed; a served model whose server
+        died is restarted once and the item continues from its journal."""
+        try:
+            return self._evaluate_once(item)
+        except EvaluationError:
+            if not self.endpoints.recover(item):
+                raise
+            return self._evaluate_once(item)
+
+    def _evaluate_once(self, item: PlannedItem) -> EvalResult:
         backend: Backend = self.resolve(item.variant.module)
-        metric = backend.primary_metric(item)
         item_store = self.store.item(item.item_id)
         try:
             item_store.directory.mkdir(parents=True, exist_ok=True)
             with FileLock(str(item_store.directory / ".lock")):
-                return self._evaluate_locked(item, backend, metric, item_store)
+                return self._evaluate_locked(item, backend, item_store)
         except StoreWriteError as exc:
-            self._mark(
-                item.item_id, status="error", error=f"writing results failed: {exc.strerror}"
-            )
+            item_store.fail(f"writing results failed: {exc.strerror}")
             raise EvaluationError(
                 f"{item.item_id}: writing results failed: {exc.strerror}. Results finished "
                 f"before this point are kept in {self.store.directory} and will be reused: free "
@@ -152,11 +170,6 @@ class ItemEvaluator:
                 "Results finished before this point are kept; fix the file system, then re-run "
                 "the same command"
             ) from None
-
-    def _mark(self, item_id: str, **fields: Any) -> None:
-        """Best-effort manifest update while reporting another failure."""
-        with contextlib.suppress(OSError, TimeoutError):
-            self.store.update_item(item_id, **fields)
 
     def restart_source(self) -> Path | None:
         """The run ``--restart`` named (kept in the manifest, so resumed sessions keep seeding)."""
@@ -181,10 +194,11 @@ class ItemEvaluator:
         self,
         item: PlannedItem,
         metric: str,
-        summary: dict[str, Any],
+        summary: Mapping[str, Any],
         directory: Path,
+        reason: str | None = None,
+        *,
         from_store: bool,
-        reason: str | None,
     ) -> EvalResult:
         return EvalResult(
             item_id=item.item_id,
@@ -210,95 +224,70 @@ class ItemEvaluator:
         if source is None:
             return None, None
         old = ItemStore(source / item_store.directory.name)
-        summary, metadata = old.read_summary(), old.read_metadata()
-        if not summary or summary.get("status") != "finished":
-            return None, None
-        if (
-            summary.get("fingerprint") != fingerprint
-            or (metadata or {}).get("fingerprint") != fingerprint
-        ):
-            changed = describe_changes((metadata or {}).get("fingerprint_parts", {}), parts)
-            return None, f"not reused from {source.name}: configuration changed: {changed}"
-        if not old.journal.path.exists():
-            return None, None
-        item_store.seed_from(old)
-        self.store.update_item(
-            item.item_id,
-            **_entry(item, summary),
-            seeded_from=source.name,
-            seeded_from_path=str(source.absolute()),
+        summary = old.read_summary()
+        ok, why_not = seedable(fingerprint, parts, summary, old.read_metadata(), source.name)
+        if not ok or summary is None or not old.journal.path.exists():
+            return None, why_not
+        entry = _entry(item, summary)
+        item_store.seeded(
+            old,
+            dataclasses.replace(
+                entry, seeded_from=source.name, seeded_from_path=str(source.absolute())
+            ),
         )
         return summary, None
 
-    def _settle_manifest(self, item: PlannedItem, summary: dict[str, Any]) -> None:
-        """Repair the manifest entry of a finished item (a kill can fall between summary and
-        manifest writes); one manifest read per process, a write only when something is off."""
+    def _settle_manifest(
+        self, item: PlannedItem, item_store: ItemStore, summary: Mapping[str, Any]
+    ) -> None:
+        """Repair the manifest entry of a finished item read back (one manifest read per
+        process, a write only when something is off)."""
         if self._manifest_items is None:
             self._manifest_items = dict(self.store.read_manifest().get("items") or {})
-        entry = self._manifest_items.get(item.item_id) or {}
-        wanted = _entry(item, summary)
-        if any(entry.get(k) != wanted[k] for k in ("status", "fingerprint", "score")):
-            self.store.update_item(item.item_id, **wanted)
+        item_store.settle(_entry(item, summary), self._manifest_items.get(item.item_id))
 
     def _evaluate_locked(
-        self, item: PlannedItem, backend: Backend, metric: str, item_store: ItemStore
+        self, item: PlannedItem, backend: Backend, item_store: ItemStore
     ) -> EvalResult:
-        directory = item_store.directory
+        metric = backend.primary_metric(item)
         parts = fingerprint_parts(item, backend)
         fingerprint = digest(parts)
-        metadata = item_store.read_metadata()
         summary = item_store.read_summary()
         journal_exists = item_store.journal.path.exists()
-        reason: str | None = None
-        if self.options.force:
-            reason = "--force"
-        elif metadata and metadata.get("fingerprint") != fingerprint:
-            changed = describe_changes(metadata.get("fingerprint_parts", {}), parts)
-            reason = f"configuration changed: {changed}"
-        elif (
-            summary
-            and summary.get("status") == "finished"
-            and summary.get("fingerprint") == fingerprint
-        ):
-            self._settle_manifest(item, summary)
-            return self._result(item, metric, summary, directory, True, None)
-        elif metadata is None and (journal_exists or summary):
-            reason = "metadata.json is missing, so the earlier results cannot be checked"
-        elif metadata is None:
+        decision = decide(
+            force=self.options.force,
+            fingerprint=fingerprint,
+            parts=parts,
+            metadata=item_store.read_metadata(),
+            summary=summary,
+            journal_exists=journal_exists,
+        )
+        reason = decision.reason
+        if decision.action is Reuse.STORED:
+            assert summary is not None
+            self._settle_manifest(item, item_store, summary)
+            return self._result(item, metric, summary, item_store.directory, from_store=True)
+        if decision.action is Reuse.SEED:
             seeded, reason = self._seed(item, item_store, fingerprint, parts)
             if seeded is not None:
-                return self._result(item, metric, seeded, directory, True, None)
+                return self._result(item, metric, seeded, item_store.directory, from_store=True)
         if reason and (journal_exists or summary):
             item_store.journal.discard("forced" if self.options.force else "stale")
             item_store.clear_summary()
-        item_store.write_metadata(
-            {
-                "item_id": item.item_id,
-                "fingerprint": fingerprint,
-                "fingerprint_parts": parts,
-                "model": {"name": item.model_name, **item.model.model_dump(mode="json")},
-                "variant": {
-                    "env": item.env,
-                    "id": item.variant.id,
-                    "module": item.variant.module,
-                    "env_args": dict(item.variant.env_args),
-                    "source": str(item.variant.source),
-                },
-                "seed": item.seed,
-                "num_examples": item.num_examples,
-                "versions": versions(),
-            }
-        )
-        self.store.update_item(
-            item.item_id,
-            status="running",
-            fingerprint=fingerprint,
-            model=item.model_name,
-            env=item.env,
-            variant=item.variant.id,
-            seed=item.seed,
-            host=platform.node(),
-        )
+        item_store.begin(_metadata(item, fingerprint, parts))
+        summary = self._run(item, backend, item_store, metric, fingerprint)
+        return self._result(item, metric, summary, item_store.directory, reason, from_store=False)
+
+    def _run(
+        self,
+        item: PlannedItem,
+        backend: Backend,
+        item_store: ItemStore,
+        metric: str,
+        fingerprint: str,
+    ) -> dict[str, Any]:
+        """Run the backend (continuing the journal), write the summary; over the error budget
+        the item fails with the most common error."""
         item_store.journal.repair()  # a crash may have torn the last line
         started = time.time()
         try:
@@ -313,7 +302,7 @@ class ItemEvaluator:
                 )
             )
         except EvaluationError as exc:
-            self._mark(item.item_id, status="error", error=str(exc))
+            item_store.fail(str(exc))
             raise
         wall = time.time() - started
         seconds, estimated = _whole_item_seconds(wall, summary)
@@ -328,16 +317,8 @@ class ItemEvaluator:
             duration_estimated=estimated,
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
-        item_store.write_summary(summary)
-        score = summary["metrics"].get(metric, {}).get("value")
-        self.store.update_item(
-            item.item_id,
-            status=summary["status"],
-            score=score,
-            duration_s=summary["duration_s"],
-            errors=summary["errors"],
-            resumed_examples=summary.get("resumed_examples", 0),
-        )
+        summary.setdefault("resumed_examples", 0)
+        item_store.finish(summary, _entry(item, summary))
         if over_budget:
             rows = item_store.journal.latest()
             raise EvaluationError(
@@ -346,4 +327,4 @@ class ItemEvaluator:
                 f"--mb-error-budget){_common_error(rows)}. Finished examples are kept; re-running "
                 "the same command retries only the failed ones"
             )
-        return self._result(item, metric, summary, directory, False, reason)
+        return summary

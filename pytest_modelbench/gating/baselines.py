@@ -18,9 +18,8 @@ from pytest_modelbench.config.loading import display_path, load_baseline_file
 from pytest_modelbench.config.schema import BaselineEntrySpec
 from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.gating import gates
-from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import safe_component
+from pytest_modelbench.store.runstore import RunStore, safe_component
 
 
 class BaselineBook:
@@ -66,7 +65,7 @@ class BaselineBook:
                 f"--baseline-run / run: {run_id!r}: no such run directory {display_path(run_dir)} "
                 "(list runs with 'ls runs/' or 'modelbench runs')"
             )
-        journal = Journal(run_dir / safe_component(result.item_id) / "results.jsonl")
+        journal = RunStore(run_dir).item(result.item_id).journal
         sums: dict[str, list[float]] = defaultdict(list)
         for row in journal.latest():
             value = (row.get("metrics") or {}).get(metric)

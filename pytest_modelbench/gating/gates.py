@@ -170,6 +170,15 @@ class GateVerdict:
         data["schema_version"] = self.SCHEMA_VERSION
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateVerdict:
+        """The verdict :meth:`as_dict` wrote (unknown keys, such as ``status``, are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["worse_ids"] = tuple(data.get("worse_ids") or ())
+        values["better_ids"] = tuple(data.get("better_ids") or ())
+        return cls(**values)
+
 
 @runtime_checkable
 class GateRule(Protocol):
@@ -202,7 +211,9 @@ class MinRule:
     name: str = "min"
 
     def evaluate(
-        self, current: ScoreSummary, current_scores: Mapping[str, float] | None = None
+        self,
+        current: ScoreSummary,
+        current_scores: Mapping[str, float] | None = None,  # noqa: ARG002  # GateRule signature; only paired rules use it
     ) -> GateVerdict:
         return _finish(
             GateVerdict(
@@ -248,7 +259,9 @@ class NonInferiorityRule:
         return 0.0
 
     def evaluate(
-        self, current: ScoreSummary, current_scores: Mapping[str, float] | None = None
+        self,
+        current: ScoreSummary,
+        current_scores: Mapping[str, float] | None = None,  # noqa: ARG002  # GateRule signature; only paired rules use it
     ) -> GateVerdict:
         stderr = current.stderr if math.isfinite(current.stderr) else 0.0
         result = stats.noninferiority_z_test(

@@ -18,10 +18,9 @@ import pytest
 
 from pytest_modelbench.reporting.html import item_fragment, summary_fragment, verdict_class
 from pytest_modelbench.reporting.model import ItemRecord, RunData, build_item, load_run
-from pytest_modelbench.store.files import read_json
-from pytest_modelbench.store.runstore import safe_component
+from pytest_modelbench.store.records import ItemProperties
+from pytest_modelbench.store.runstore import RunStore
 
-PROPERTY_PREFIX = "mb_"
 _MISSING_KEY = "~"  # sorts after every number key
 
 # (column id, header, value of an ItemRecord, numeric?)
@@ -73,15 +72,7 @@ def _cell(column: str, value: Any, numeric: bool) -> str:
 
 def mb_record(report: pytest.TestReport) -> dict[str, Any] | None:
     """The report's modelbench properties without the prefix, or None for other tests."""
-    props = {
-        k[len(PROPERTY_PREFIX) :]: v
-        for k, v in getattr(report, "user_properties", ())  # collect reports have none
-        if isinstance(k, str) and k.startswith(PROPERTY_PREFIX)
-    }
-    if not props.get("item"):
-        return None
-    props["outcome"] = report.outcome
-    return props
+    return ItemProperties.from_report(report)
 
 
 class HtmlReportColumns:
@@ -99,14 +90,8 @@ class HtmlReportColumns:
 
     def item_record(self, record: Mapping[str, Any]) -> ItemRecord:
         item_id = str(record["item"])
-        directory = self._run_dir() / safe_component(item_id)
-        return build_item(
-            item_id,
-            {},
-            read_json(directory / "summary.json"),
-            read_json(directory / "metadata.json"),
-            record,
-        )
+        store = RunStore(self._run_dir()).item(item_id)
+        return build_item(item_id, {}, store.read_summary(), store.read_metadata(), record)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
@@ -148,9 +133,7 @@ class HtmlReportColumns:
         report.extras = [*getattr(report, "extras", []), extra]  # type: ignore[attr-defined]
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_html_results_summary(
-        self, prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
-    ) -> None:
+    def pytest_html_results_summary(self, prefix: list[str]) -> None:
         records = self._records()
         if not records:
             return

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.reporting.model import ItemRecord, RunData
-from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.runstore import ItemStore
 
 PARQUET_SCHEMA_VERSION = 1
 PARQUET_NAME = "results.parquet"
@@ -134,7 +134,7 @@ def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[st
 def item_rows(run: RunData, item: ItemRecord) -> Iterator[dict[str, Any]]:
     """The item's journal rows (last row per example/rollout), in journal order, streamed:
     memory does not grow with the item."""
-    return Journal(run.item_dir(item) / "results.jsonl").latest()
+    return ItemStore(run.item_dir(item)).journal.latest()
 
 
 def iter_rows(run: RunData) -> Iterator[dict[str, Any]]:

@@ -234,25 +234,10 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[Response, bool]:
         while True:
             block = await reader.readuntil(b"\r\n\r\n")
             answered = True
-            lines = block.decode("latin-1").split("\r\n")
-            version, _, rest = lines[0].partition(" ")
-            status = int(rest[:3])
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip()
+            version, status, headers = _parse_head(block)
             if not 100 <= status < 200:
                 break  # 1xx: an interim response, the real one follows
-        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = await _read_chunked(reader)
-        elif "content-length" in headers:
-            body = await reader.readexactly(int(headers["content-length"]))
-        elif status in (204, 304):
-            body = b""
-        else:
-            body, keep = await reader.read(), False  # delimited by the server closing
+        body, keep = await _read_body(reader, version, status, headers)
     except asyncio.IncompleteReadError as exc:
         answered = answered or bool(exc.partial)
         raise _Broken("closed mid-response" if answered else CLOSED_SILENTLY) from None
@@ -269,6 +254,38 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[Response, bool]:
         except zlib.error:
             raise _Broken("undecodable compressed body") from None
     return Response(status, headers, body), keep
+
+
+def _parse_head(block: bytes) -> tuple[str, int, dict[str, str]]:
+    """(HTTP version, status, headers with lower-case names) of a response head.
+
+    Raises ValueError for a status line without a numeric status.
+    """
+    lines = block.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    status = int(rest[:3])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return version, status, headers
+
+
+async def _read_body(
+    reader: asyncio.StreamReader, version: str, status: int, headers: Mapping[str, str]
+) -> tuple[bytes, bool]:
+    """(the still-encoded body, whether the connection can carry another request)."""
+    keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    elif "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif status in (204, 304):
+        body = b""
+    else:
+        body, keep = await reader.read(), False  # delimited by the server closing
+    return body, keep
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

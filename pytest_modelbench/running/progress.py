@@ -224,39 +224,3 @@ def read_progress_dir(directory: Path) -> list[ItemSnapshot]:
             continue
     return snapshots
 
-
-class CountingProgress(RecordingProgress):
-    """Counts the current item's examples and computes rate/ETA (the pre-snapshot API)."""
-
-    def _latest(self) -> ItemSnapshot | None:
-        snaps = self.snapshot()
-        return snaps[-1] if snaps else None
-
-    @property
-    def done(self) -> int:
-        latest = self._latest()
-        return latest.done if latest else 0
-
-    @property
-    def total(self) -> int:
-        latest = self._latest()
-        return latest.total if latest else 0
-
-    @property
-    def errors(self) -> int:
-        latest = self._latest()
-        return latest.errors if latest else 0
-
-    def rate(self) -> float:
-        latest = self._latest()
-        if latest is None:
-            return 0.0
-        elapsed = time.time() - latest.started_at
-        return latest.new_done / elapsed if elapsed > 0 else 0.0
-
-    def eta_s(self) -> float | None:
-        latest = self._latest()
-        rate = self.rate()
-        if latest is None or rate <= 0:
-            return None
-        return (latest.total - latest.done) / rate

@@ -19,9 +19,8 @@ from typing import Any
 from pytest_modelbench.running.client import OpenAIClient, RequestFailed
 from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, Suite
-
-ROW_SCHEMA_VERSION = 1
 
 
 def request_seed(item_seed: int, example_id: str, rollout: int) -> int:
@@ -100,7 +99,7 @@ async def run_loop(
     async def one(example: Example, rollout: int) -> None:
         path, payload = _payload(settings, example, rollout)
         row: dict[str, Any] = {
-            "v": ROW_SCHEMA_VERSION,
+            "v": JOURNAL_ROW_VERSION,
             "example_id": example.id,
             "rollout": rollout,
             "prompt": _prompt_text(example),

@@ -14,17 +14,17 @@ import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
 from pytest_modelbench.config.options import RunOptions
-from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean, one_of
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
+from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemProperties
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
-PROPERTY_PREFIX = "mb_"
 
 
 class ModelbenchSession:
@@ -118,7 +118,7 @@ class ModelbenchSession:
 
     # -- hooks -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    def pytest_sessionstart(self) -> None:
         if not self.active:
             return
         try:
@@ -146,7 +146,7 @@ class ModelbenchSession:
         metafunc.parametrize("mb_item", items, ids=[item.item_id for item in items])
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(self) -> None:
         if self._plan_error is not None:
             raise pytest.UsageError(self._plan_error)
 
@@ -176,7 +176,7 @@ class ModelbenchSession:
             from pytest_modelbench.serving.pool import ServerPool
 
             serving = ServerPool(self.run_dir, gpus_option=self.options.gpus)
-            endpoints = EndpointManager(self.run_dir, serving=serving)
+            endpoints = EndpointManager(serving=serving)
             from pytest_modelbench.running.progress import PROGRESS_SINK
 
             self._evaluator = ItemEvaluator(
@@ -208,39 +208,37 @@ class ModelbenchSession:
 
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
         """Evaluate (or load) the item, then gate it on its baseline."""
-        evaluator = self.evaluator()
-        try:
-            result: EvalResult = evaluator.evaluate(item)
-        except EvaluationError:
-            serving = evaluator.endpoints.serving
-            if serving is None or not serving.recover(item):
-                raise
-            result = evaluator.evaluate(item)  # the restarted server continues from the journal
+        result: EvalResult = self.evaluator().evaluate(item)
         verdict = self.baseline_book().verdict(result)
         deferred = self.options.correction == "holm" and verdict.p_value is not None
         result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
         _record_properties(node, item, result)
+        self.config.hook.pytest_modelbench_item_finished(
+            config=self.config, item_id=item.item_id, summary=result.summary, result=result
+        )
         return result
 
     def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
         node.user_properties.extend(
-            [*_base_properties(item), ("mb_verdict", "error"), ("mb_error", message)]
+            ItemProperties(
+                item.item_id,
+                item.model_name,
+                item.env,
+                item.variant.id,
+                item.seed,
+                "error",
+                error=message,
+            ).to_properties()
         )
 
     # -- reporting (controller side) ---------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if is_worker(self.config):
             return
-        props = {
-            k: v
-            for k, v in report.user_properties
-            if isinstance(k, str) and k.startswith(PROPERTY_PREFIX)
-        }
-        if not props.get("mb_item"):
+        if not (report.when == "call" or (report.when == "setup" and report.failed)):
             return
-        if report.when == "call" or (report.when == "setup" and report.failed):
-            record = {k[len(PROPERTY_PREFIX) :]: v for k, v in props.items()}
-            record["outcome"] = report.outcome
+        record = ItemProperties.from_report(report)
+        if record is not None:
             self.records.append(record)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -267,7 +265,7 @@ class ModelbenchSession:
             write_markdown_summary(Path(step_summary), self.records, self._run_dir)
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._evaluator is not None:
             self._evaluator.endpoints.close()  # stop this process's servers, release its GPUs
         if is_worker(self.config) or not self.records:
@@ -286,14 +284,8 @@ class ModelbenchSession:
         """Re-decide every tested verdict with Holm-adjusted p-values; a failure fails the session."""
         from pytest_modelbench.gating.gates import GateVerdict, holm_adjust_verdicts
 
-        fields = {f.name for f in dataclasses.fields(GateVerdict)}
         tested = [r for r in self.records if r.get("gate")]
-        verdicts = []
-        for record in tested:
-            data = json.loads(record["gate"])
-            data["worse_ids"] = tuple(data.get("worse_ids") or ())
-            data["better_ids"] = tuple(data.get("better_ids") or ())
-            verdicts.append(GateVerdict(**{k: v for k, v in data.items() if k in fields}))
+        verdicts = [GateVerdict.from_dict(json.loads(record["gate"])) for record in tested]
         for record, verdict in zip(tested, holm_adjust_verdicts(verdicts), strict=True):
             record["verdict"] = verdict.status
             if not verdict.passed:
@@ -313,44 +305,36 @@ def _marker_selects(kwargs: Mapping[str, Any], item: PlannedItem) -> bool:
     return True
 
 
-def _base_properties(item: PlannedItem) -> list[tuple[str, Any]]:
-    return [
-        ("mb_item", item.item_id),
-        ("mb_model", item.model_name),
-        ("mb_env", item.env),
-        ("mb_variant", item.variant.id),
-        ("mb_seed", item.seed),
-    ]
-
-
 def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult) -> None:
-    if any(k == "mb_item" for k, _ in node.user_properties):
+    if any(k == PROPERTY_PREFIX + "item" for k, _ in node.user_properties):
         return
     low, high = result.ci
     verdict = result.verdict
     status = verdict.status if verdict is not None else "no baseline"
     if result.gate_deferred:
         status = f"{status} (Holm pending)"
-    node.user_properties.extend(
-        [
-            *_base_properties(item),
-            ("mb_metric", result.metric),
-            ("mb_score", result.score),
-            ("mb_ci_low", low),
-            ("mb_ci_high", high),
-            ("mb_stderr", result.stderr),
-            ("mb_n", result.n),
-            ("mb_errors", result.errors),
-            ("mb_from_store", result.from_store),
-            ("mb_duration_s", result.summary.get("duration_s")),
-            ("mb_model_path", item.model.model),
-            ("mb_verdict", status),
-            ("mb_baseline", verdict.baseline_value if verdict is not None else None),
-            ("mb_delta", verdict.delta if verdict is not None else None),
-            ("mb_p_value", verdict.p_value if verdict is not None else None),
-            ("mb_rule", verdict.rule if verdict is not None else None),
-            ("mb_gate", json.dumps(verdict.as_dict()) if verdict is not None else None),
-        ]
+    properties = ItemProperties(
+        item=item.item_id,
+        model=item.model_name,
+        env=item.env,
+        variant=item.variant.id,
+        seed=item.seed,
+        verdict=status,
+        metric=result.metric,
+        score=result.score,
+        ci_low=low,
+        ci_high=high,
+        stderr=result.stderr,
+        n=result.n,
+        errors=result.errors,
+        from_store=result.from_store,
+        duration_s=result.summary.get("duration_s"),
+        model_path=item.model.model,
+        baseline=verdict.baseline_value if verdict is not None else None,
+        delta=verdict.delta if verdict is not None else None,
+        p_value=verdict.p_value if verdict is not None else None,
+        rule=verdict.rule if verdict is not None else None,
+        gate=json.dumps(verdict.as_dict()) if verdict is not None else None,
+        recomputed=result.recompute_reason,
     )
-    if result.recompute_reason:
-        node.user_properties.append(("mb_recomputed", result.recompute_reason))
+    node.user_properties.extend(properties.to_properties())

@@ -9,13 +9,12 @@ keeping every item's duration (``scheduling/durations.py``) and pytest's
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.scheduling.durations import read_durations, write_durations
 from pytest_modelbench.session.lastfailed import LastFailedRecorder
+from pytest_modelbench.store.records import ItemProperties
 from pytest_modelbench.store.runstore import resolve_run_ref
 from pytest_modelbench.workers import is_worker
 
@@ -28,7 +27,7 @@ class ResumePlugin:
         self._durations: dict[str, float] | None = None
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    def pytest_sessionstart(self) -> None:
         from pytest_modelbench.session.core import SESSION_KEY
 
         mb = self.config.stash.get(SESSION_KEY, None)
@@ -42,12 +41,8 @@ class ResumePlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        props: dict[str, Any] = {}
-        for entry in report.user_properties:
-            key, value = entry
-            if key in ("mb_item", "mb_duration_s"):
-                props[key] = value
-        item_id, seconds = props.get("mb_item"), props.get("mb_duration_s")
+        record = ItemProperties.record_of(report.user_properties) or {}
+        item_id, seconds = record.get("item"), record.get("duration_s")
         if not item_id or not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
             return
         if self._durations is None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.runstore import ItemStore
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class EvalResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """Per-example rows from ``results.jsonl`` (prompt, completion, gold, metrics, error...)."""
-        return list(Journal(self.directory / "results.jsonl").read().values())
+        return list(ItemStore(self.directory).journal.read().values())
 
     def check_baseline(self) -> None:
         """Fail the calling test with the gate's one-paragraph message on a significant regression."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,17 @@ from pytest_modelbench.store.files import (
     read_json,
 )
 from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.records import (
+    MANIFEST_VERSION,
+    SUMMARY_VERSION,
+    ItemMetadata,
+    ManifestEntry,
+)
 
-SCHEMA_VERSION = 1
 MANIFEST = "run_manifest.json"
+JOURNAL = "results.jsonl"
+SUMMARY = "summary.json"
+METADATA = "metadata.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
 
 
@@ -40,21 +48,24 @@ def safe_component(name: str) -> str:
 
 @dataclass(frozen=True)
 class ItemStore:
-    """Files of one item: ``results.jsonl``, ``summary.json``, ``metadata.json``."""
+    """Files of one item: ``results.jsonl``, ``summary.json``, ``metadata.json``; and, through
+    :meth:`begin`, :meth:`finish` and :meth:`fail`, the item's entry in the run's manifest."""
 
     directory: Path
+    item_id: str = ""
+    run: RunStore | None = field(default=None, compare=False, repr=False)
 
     @property
     def journal(self) -> Journal:
-        return Journal(self.directory / "results.jsonl")
+        return Journal(self.directory / JOURNAL)
 
     @property
     def summary_path(self) -> Path:
-        return self.directory / "summary.json"
+        return self.directory / SUMMARY
 
     @property
     def metadata_path(self) -> Path:
-        return self.directory / "metadata.json"
+        return self.directory / METADATA
 
     def read_summary(self) -> dict[str, Any] | None:
         return read_json(self.summary_path)
@@ -62,11 +73,43 @@ class ItemStore:
     def read_metadata(self) -> dict[str, Any] | None:
         return read_json(self.metadata_path)
 
-    def write_summary(self, summary: Mapping[str, Any]) -> None:
-        atomic_write_json(self.summary_path, {"schema_version": SCHEMA_VERSION, **summary})
+    # -- bookkeeping: item files and manifest entry together ---------------------------------
+    def begin(self, metadata: ItemMetadata) -> None:
+        """Before the first request: the resolved configuration, and the entry as running."""
+        atomic_write_json(self.metadata_path, metadata.to_json())
+        self._manifest(ManifestEntry.running(metadata))
 
-    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
-        atomic_write_json(self.metadata_path, {"schema_version": SCHEMA_VERSION, **metadata})
+    def finish(self, summary: Mapping[str, Any], entry: ManifestEntry) -> None:
+        """The item's summary, then its manifest entry (a kill between them is repaired by
+        :meth:`settle` when the item is next read back)."""
+        self.write_summary(summary)
+        self._manifest(entry)
+
+    def fail(self, error: str) -> None:
+        """Best effort, while another failure is being reported: mark the entry as errored."""
+        with suppress(OSError, TimeoutError):
+            self._manifest_fields(status="error", error=error)
+
+    def settle(self, entry: ManifestEntry, known: Mapping[str, Any] | None) -> None:
+        """Repair the manifest entry of a finished item when ``known`` (the entry as last read)
+        disagrees with it: a kill can fall between the summary and the manifest writes."""
+        if entry.differs_from(known or {}):
+            self._manifest(entry)
+
+    def seeded(self, other: ItemStore, entry: ManifestEntry) -> None:
+        """Take ``other``'s finished item (see :meth:`seed_from`) and record where it came from."""
+        self.seed_from(other)
+        self._manifest(entry)
+
+    def _manifest(self, entry: ManifestEntry) -> None:
+        self._manifest_fields(**entry.fields())
+
+    def _manifest_fields(self, **fields: Any) -> None:
+        if self.run is not None:
+            self.run.update_item(self.item_id, **fields)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        atomic_write_json(self.summary_path, {"schema_version": SUMMARY_VERSION, **summary})
 
     def clear_summary(self) -> None:
         try:
@@ -99,7 +142,7 @@ class RunStore:
         return self.directory.name
 
     def item(self, item_id: str) -> ItemStore:
-        return ItemStore(self.directory / safe_component(item_id))
+        return ItemStore(self.directory / safe_component(item_id), item_id, self)
 
     def read_manifest(self) -> dict[str, Any]:
         return read_json(self.manifest_path) or {}
@@ -123,7 +166,7 @@ class RunStore:
             ) from exc
         with self._lock:
             manifest = self.read_manifest()
-            manifest.setdefault("schema_version", SCHEMA_VERSION)
+            manifest.setdefault("schema_version", MANIFEST_VERSION)
             manifest.setdefault("run_id", self.run_id)
             manifest.setdefault("items", {})
             yield manifest

@@ -1,0 +1,80 @@
+"""Whether an item's stored results answer for it now: the reuse decision, in one place.
+
+Order of preference: the finished summary of this run (fingerprint matches)
+→ the finished item of the ``--restart`` run (fingerprint matches; files are
+linked in) → continue this run's journal → start over. A fingerprint mismatch
+or ``--force`` moves the old journal aside and says why.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_modelbench.planning.fingerprint import describe_changes
+
+
+class Reuse(enum.Enum):
+    STORED = "stored"  # the finished summary answers; nothing is requested
+    SEED = "seed"  # nothing stored here yet: try the --restart run, else start fresh
+    RESUME = "resume"  # same configuration: continue the journal
+    RECOMPUTE = "recompute"  # stale or forced: move the old results aside and start over
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Reuse
+    reason: str | None = None  # why stored results are not used (shown to the user)
+
+
+MISSING_METADATA = "metadata.json is missing, so the earlier results cannot be checked"
+
+
+def decide(
+    *,
+    force: bool,
+    fingerprint: str,
+    parts: Mapping[str, Any],
+    metadata: Mapping[str, Any] | None,
+    summary: Mapping[str, Any] | None,
+    journal_exists: bool,
+) -> Decision:
+    """What to do with an item whose store holds ``metadata``/``summary``/a journal."""
+    if force:
+        return Decision(Reuse.RECOMPUTE, "--force")
+    if metadata is not None and metadata.get("fingerprint") != fingerprint:
+        changed = describe_changes(metadata.get("fingerprint_parts", {}), parts)
+        return Decision(Reuse.RECOMPUTE, f"configuration changed: {changed}")
+    if (
+        summary
+        and summary.get("status") == "finished"
+        and summary.get("fingerprint") == fingerprint
+    ):
+        return Decision(Reuse.STORED)
+    if metadata is None:
+        if journal_exists or summary:
+            return Decision(Reuse.RECOMPUTE, MISSING_METADATA)
+        return Decision(Reuse.SEED)
+    return Decision(Reuse.RESUME)
+
+
+def seedable(
+    fingerprint: str,
+    parts: Mapping[str, Any],
+    summary: Mapping[str, Any] | None,
+    metadata: Mapping[str, Any] | None,
+    source: str,
+) -> tuple[bool, str | None]:
+    """Whether a ``--restart`` run's item (its ``summary``/``metadata``) can be taken as is:
+    (True, None); (False, why) when it is stale; (False, None) when it never finished."""
+    if not summary or summary.get("status") != "finished":
+        return False, None
+    if (
+        summary.get("fingerprint") != fingerprint
+        or (metadata or {}).get("fingerprint") != fingerprint
+    ):
+        changed = describe_changes((metadata or {}).get("fingerprint_parts", {}), parts)
+        return False, f"not reused from {source}: configuration changed: {changed}"
+    return True, None
