@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_modelbench import hookspecs, scheduling
-from pytest_modelbench.config.options import RunOptions, add_options
+from pytest_modelbench.config.options import ReportOptions, RunOptions, add_options
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.reporting.options import add_report_options
 from pytest_modelbench.reporting.writer import register as register_reports
 from pytest_modelbench.session.core import SESSION_KEY, ModelbenchSession
 from pytest_modelbench.session.resume import register as register_resume
@@ -28,7 +27,6 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
-    add_report_options(parser)  # --mb-progress, --mb-report-examples, --mb-no-reports
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,18 +37,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     try:
         options = RunOptions.from_config(config)
+        report_options = ReportOptions.from_config(config)
     except ModelbenchUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     session = ModelbenchSession(config, options)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "modelbench-session")
-    register_reports(config, session)  # live progress, pytest-html columns, run-directory reports
-    scheduling.register(config, lambda: session.active, session.plan_costs)  # --mb-dist
+    register_reports(config, report_options, session)  # live progress, pytest-html, reports
+    scheduling.register(config, options.dist, lambda: session.active, session.plan_costs)
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Any:
+def pytest_modelbench_make_backend(module: str) -> Any:
     from pytest_modelbench.backends.registry import resolve_builtin
 
     return resolve_builtin(module)

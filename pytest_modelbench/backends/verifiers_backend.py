@@ -361,7 +361,9 @@ class VerifiersBackend:
         rollouts = item.variant.rollouts_per_example
 
         def on_progress(
-            all_outputs: Any, new_outputs: Sequence[Mapping[str, Any]], metadata: Any
+            all_outputs: Any,  # noqa: ARG001 - verifiers passes all three
+            new_outputs: Sequence[Mapping[str, Any]],
+            metadata: Any,  # noqa: ARG001
         ) -> None:
             for row in output_rows(new_outputs):
                 journal.append(row)
@@ -381,9 +383,9 @@ class VerifiersBackend:
                     sampling_args=split_sampling_args(item.sampling_args()),
                     max_concurrent=max(1, item.model.max_concurrent // rollouts),
                     max_retries=1 if item.model.max_retries > 0 else 0,
-                    on_start=lambda *a, **k: None,
+                    on_start=lambda *_args, **_kwargs: None,
                     on_progress=on_progress,
-                    on_log=lambda message: None,
+                    on_log=lambda message: None,  # noqa: ARG005 - verifiers' callback signature
                 )
         except (ModelbenchUsageError, EvaluationError):
             raise

@@ -7,84 +7,126 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from pytest_modelbench.errors import ModelbenchUsageError, is_text, shown_value
 
-# (flag, dest, help, kind) — kind: "str" | "int" | "float" | "flag"
-_OPTIONS: list[tuple[str, str, str, str]] = [
-    ("--model", "model", "models to run: NAME[,NAME], 'all', an HF id/path, or 'smoke'", "str"),
-    ("--api-base-url", "api_base_url", "OpenAI-compatible endpoint for the selected models", "str"),
-    ("--env", "env", "restrict to these environments or variant ids (comma list)", "str"),
-    ("--seeds", "seeds", "override seeds, e.g. 0,1,2", "str"),
-    ("--num-examples", "num_examples", "cap examples per variant (quick runs)", "int"),
-    (
-        "--mb-config",
-        "mb_config",
-        "run exactly the jobs of this job file (configs/job-*.yaml)",
-        "str",
+Kind = Literal["str", "int", "float", "flag"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option, declared once: the flag, its ``modelbench_<dest>`` ini name, kind and help."""
+
+    flag: str
+    dest: str  # argparse dest is mb_<dest>; the ini name is modelbench_<dest>
+    help: str
+    kind: Kind = "str"
+    choices: tuple[str, ...] = ()  # checked when parsed (see _as_choice)
+    metavar: str = ""  # default: DEST
+
+    @property
+    def ini(self) -> str:
+        return f"modelbench_{self.dest}"
+
+
+PROGRESS_MODES = ("auto", "tty", "lines", "off")
+DIST_MODES = ("modelbench", "off")
+CORRECTIONS = ("none", "holm")
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--model", "model", "models to run: NAME[,NAME], 'all', an HF id/path, or 'smoke'"),
+    Option("--api-base-url", "api_base_url", "OpenAI-compatible endpoint for the selected models"),
+    Option("--env", "env", "restrict to these environments or variant ids (comma list)"),
+    Option("--seeds", "seeds", "override seeds, e.g. 0,1,2"),
+    Option("--num-examples", "num_examples", "cap examples per variant (quick runs)", "int"),
+    Option(
+        "--mb-config", "mb_config", "run exactly the jobs of this job file (configs/job-*.yaml)"
     ),
-    ("--run-dir", "run_dir", "parent directory of run directories (default: runs)", "str"),
-    ("--run-id", "run_id", "run directory name (default: <run name>-<timestamp>)", "str"),
-    (
+    Option("--run-dir", "run_dir", "parent directory of run directories (default: runs)"),
+    Option("--run-id", "run_id", "run directory name (default: <run name>-<timestamp>)"),
+    Option(
         "--run-name",
         "run_name",
         "run name recorded in the manifest (default: the job name or 'run')",
-        "str",
     ),
-    ("--force", "force", "recompute selected items even if finished results exist", "flag"),
-    (
+    Option("--force", "force", "recompute selected items even if finished results exist", "flag"),
+    Option(
         "--no-auto-resume",
         "no_auto_resume",
         "start a new run directory instead of continuing the latest",
         "flag",
     ),
-    ("--restart", "restart", "seed a new run from finished items of RUN_ID", "str"),
-    ("--env-args", "env_args", "JSON object merged into every variant's env_args", "str"),
-    (
-        "--sampling-args",
-        "sampling_args",
-        "JSON object merged into every item's sampling args",
-        "str",
+    Option("--restart", "restart", "seed a new run from finished items of RUN_ID"),
+    Option("--env-args", "env_args", "JSON object merged into every variant's env_args"),
+    Option(
+        "--sampling-args", "sampling_args", "JSON object merged into every item's sampling args"
     ),
-    ("--max-concurrent", "max_concurrent", "requests in flight per item", "int"),
-    (
+    Option("--max-concurrent", "max_concurrent", "requests in flight per item", "int"),
+    Option(
         "--mb-timeout",
         "request_timeout",
         "per-request timeout in seconds (alias: --timeout)",
         "float",
     ),
-    ("--update-baselines", "update_baselines", "write this run's scores as baselines", "flag"),
-    (
-        "--baseline-run",
-        "baseline_run",
-        "paired comparison against this run's per-example results",
-        "str",
+    Option(
+        "--update-baselines", "update_baselines", "write this run's scores as baselines", "flag"
     ),
-    ("--require-baseline", "require_baseline", "items without a baseline fail", "flag"),
-    ("--gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)", "str"),
-    (
+    Option(
+        "--baseline-run", "baseline_run", "paired comparison against this run's per-example results"
+    ),
+    Option("--require-baseline", "require_baseline", "items without a baseline fail", "flag"),
+    Option("--gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)"),
+    Option(
         "--mb-error-budget",
         "error_budget",
         "fraction of examples allowed to error (default 0.05)",
         "float",
     ),
-    (
+    Option(
         "--mb-correction",
         "correction",
         "multiple-comparison correction across gated items: none|holm",
-        "str",
+        choices=CORRECTIONS,
     ),
-    (
+    Option(
         "--mb-dist",
         "dist",
         "xdist scheduling of benchmark items: modelbench (keep each worker on its "
         "model, longest items first; default with --model) or off (xdist's --dist)",
-        "str",
+        choices=DIST_MODES,
     ),
-]
+    Option(
+        "--mb-progress",
+        "progress",
+        "live progress: auto (status line on a terminal, else periodic lines), tty, lines, off",
+        choices=PROGRESS_MODES,
+        metavar="PROGRESS",
+    ),
+    Option(
+        "--mb-progress-interval",
+        "progress_interval",
+        "seconds between progress updates (default: 0.5 on a terminal, 15 otherwise)",
+        "float",
+        metavar="INTERVAL",
+    ),
+    Option(
+        "--mb-report-examples",
+        "report_examples",
+        "wrong/errored examples shown per item in HTML reports (default 5)",
+        "int",
+        metavar="EXAMPLES",
+    ),
+    Option(
+        "--mb-no-reports",
+        "no_reports",
+        "do not write report.html, leaderboard.* and results.parquet into the run directory",
+        "flag",
+    ),
+)
+_BY_DEST = {option.dest: option for option in OPTIONS}
 
 INI_CONFIG_DIR = "modelbench_configs"
 
@@ -92,18 +134,20 @@ INI_CONFIG_DIR = "modelbench_configs"
 def add_options(parser: pytest.Parser) -> None:
     """Register options in a 'modelbench' group, each also settable as ``modelbench_<dest>`` ini."""
     group = parser.getgroup("modelbench", "LLM benchmarks as tests")
-    for flag, dest, help_text, kind in _OPTIONS:
-        kwargs: dict[str, Any] = {"dest": f"mb_{dest}", "help": help_text}
-        if kind == "flag":
+    for option in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": f"mb_{option.dest}", "help": option.help}
+        if option.kind == "flag":
             kwargs.update(action="store_true", default=None)
         else:
-            kwargs.update(action="store", default=None, metavar=dest.upper())
-        names = [flag]
-        group.addoption(*names, **kwargs)
-        if kind == "flag":
-            parser.addini(f"modelbench_{dest}", f"default for {flag}", type="bool", default=None)
-        else:
-            parser.addini(f"modelbench_{dest}", f"default for {flag}", type="string", default=None)
+            metavar = (
+                option.dest.split("_")[-1]
+                if option.dest.startswith(("progress", "report"))
+                else option.dest
+            )
+            kwargs.update(action="store", default=None, metavar=metavar.upper())
+        group.addoption(option.flag, **kwargs)
+        ini_type: Literal["bool", "string"] = "bool" if option.kind == "flag" else "string"
+        parser.addini(option.ini, f"default for {option.flag}", type=ini_type, default=None)
     # --timeout is taken when pytest-timeout is installed; --mb-timeout always works
     with contextlib.suppress(ValueError):
         group.addoption(
@@ -137,7 +181,7 @@ def _raw(config: pytest.Config, dest: str) -> Any:
 
 
 def _flag_name(dest: str) -> str:
-    return next(flag for flag, d, _, _ in _OPTIONS if d == dest)
+    return _BY_DEST[dest].flag
 
 
 _MAX_INT = 2**63 - 1
@@ -277,6 +321,7 @@ class RunOptions:
     gpus: str | None
     error_budget: float
     correction: str
+    dist: str | None  # --mb-dist: None decides by the run (see pytest_modelbench.scheduling)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> RunOptions:
@@ -284,7 +329,7 @@ class RunOptions:
         config_dir = Path(str(config.getini(INI_CONFIG_DIR) or "configs"))
         job = _raw(config, "mb_config")
         correction = str(_raw(config, "correction") or "none")
-        if correction not in ("none", "holm"):
+        if correction not in CORRECTIONS:
             raise ModelbenchUsageError(
                 f"--mb-correction: expected 'none' or 'holm', got {shown_value(correction)}"
             )
@@ -319,4 +364,57 @@ class RunOptions:
             gpus=_as_gpus(_raw(config, "gpus")),
             error_budget=0.05 if budget is None else budget,
             correction=correction,
+            dist=_as_dist(_raw(config, "dist")),
         )
+
+
+def _as_dist(value: Any) -> str | None:
+    if value is None:
+        return None
+    mode = str(value).strip().lower()
+    if mode not in DIST_MODES:
+        raise ModelbenchUsageError(
+            f"--mb-dist: expected 'modelbench' (keep each xdist worker on its model) or 'off' "
+            f"(use xdist's --dist), got {value!r}"
+        )
+    return mode
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Live progress and run-directory report options, parsed once in ``pytest_configure``."""
+
+    progress: str
+    progress_interval: float | None
+    report_examples: int
+    write_reports: bool
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> ReportOptions:
+        progress = str(_raw(config, "progress") or "auto").strip().lower()
+        if progress not in PROGRESS_MODES:
+            raise ModelbenchUsageError(
+                f"--mb-progress: unknown mode {progress!r}; use one of {', '.join(PROGRESS_MODES)}"
+            )
+        interval_raw = _raw(config, "progress_interval")
+        interval: float | None = None
+        if interval_raw is not None:
+            try:
+                interval = float(interval_raw)
+            except ValueError:
+                interval = -1.0
+            if not interval > 0:
+                raise ModelbenchUsageError(
+                    "--mb-progress-interval: expected a positive number of seconds, "
+                    f"got {interval_raw!r}"
+                )
+        examples_raw = _raw(config, "report_examples")
+        try:
+            examples = 5 if examples_raw is None else int(examples_raw)
+        except ValueError:
+            examples = -1
+        if examples < 0:
+            raise ModelbenchUsageError(
+                f"--mb-report-examples: expected a whole number >= 0, got {examples_raw!r}"
+            )
+        return cls(progress, interval, examples, not bool(_raw(config, "no_reports")))

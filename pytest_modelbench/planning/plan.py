@@ -108,7 +108,6 @@ def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
 def _variants_for(
     config: ConfigSet,
     selectors: Sequence[str],
-    options: RunOptions,
     check_module: Callable[[str, str], None],
 ) -> list[Variant]:
     all_variants: dict[str, list[Variant]] = {}
@@ -151,6 +150,9 @@ def selector_id(selector: str) -> str:
     return f"{prefix}-{rest}" if sep else selector
 
 
+Pairs = list[tuple[list[tuple[str, ModelSpec]], list[Variant]]]  # models x their variants
+
+
 def build_plan(
     config: ConfigSet, options: RunOptions, check_module: Callable[[str, str], None]
 ) -> Plan:
@@ -165,57 +167,20 @@ def build_plan(
         job = load_job_file(options.job_file)
         models.update(job.models)
         source = f"{display_path(options.job_file)} and {source}"
-    pairs: list[tuple[list[tuple[str, ModelSpec]], list[Variant]]] = []
-    if job is not None:
-        for index, entry in enumerate(job.jobs, start=1):
-            if options.models and entry.model not in options.models:
-                continue
-            if entry.model not in models and entry.model != SMOKE:
-                raise ModelbenchUsageError(
-                    f"{display_path(options.job_file or Path())}: jobs[{index}].model: unknown model "
-                    f"{entry.model!r}{did_you_mean(entry.model, models)}; defined: {one_of(models)}"
-                )
-            envs = [e for e in entry.env if not options.envs or e in options.envs]
-            pairs.append(
-                (
-                    _select_models([entry.model], models, options, source),
-                    _variants_for(config, envs, options, check_module) if envs else [],
-                )
-            )
+        pairs = _job_pairs(job, config, models, options, source, check_module)
     else:
         if not options.models:
             raise ModelbenchUsageError(
                 f"no model selected: pass --model NAME (configured in {source}: {one_of(models)}), "
                 "--model all, --model smoke, or --mb-config configs/job-<name>.yaml"
             )
-        pairs.append(
+        pairs = [
             (
                 _select_models(options.models, models, options, source),
-                _variants_for(config, options.envs, options, check_module),
+                _variants_for(config, options.envs, check_module),
             )
-        )
-    items: list[PlannedItem] = []
-    seen: dict[str, PlannedItem] = {}
-    for chosen_models, variants in pairs:
-        for model_name, spec in chosen_models:
-            spec = _apply_model_overrides(spec, options)
-            for variant in variants:
-                if options.env_args:
-                    variant = replace(variant, env_args={**variant.env_args, **options.env_args})
-                if options.sampling_args:
-                    variant = replace(
-                        variant, sampling_args={**variant.sampling_args, **options.sampling_args}
-                    )
-                limit = variant.num_examples
-                if options.num_examples is not None:
-                    limit = options.num_examples if limit < 0 else min(limit, options.num_examples)
-                for seed in options.seeds or variant.seeds:
-                    item_id = f"{model_name}-{variant.id}-seed{seed}"
-                    if item_id in seen:
-                        continue
-                    item = PlannedItem(item_id, model_name, spec, variant, seed, limit)
-                    seen[item_id] = item
-                    items.append(item)
+        ]
+    items = _items(pairs, options)
     if not items:
         what = f" matching --env {','.join(options.envs)}" if options.envs else ""
         raise ModelbenchUsageError(
@@ -225,3 +190,60 @@ def build_plan(
     run_name = options.run_name or (job.name if job else "run")
     parent = Path(job.output_dir) if job and job.output_dir else None
     return Plan(items=tuple(items), run_name=run_name, run_parent=parent)
+
+
+def _job_pairs(
+    job: JobFile,
+    config: ConfigSet,
+    models: Mapping[str, ModelSpec],
+    options: RunOptions,
+    source: str,
+    check_module: Callable[[str, str], None],
+) -> Pairs:
+    """The job file's (models, variants) pairs, narrowed by ``--model`` and ``--env``."""
+    pairs: Pairs = []
+    for index, entry in enumerate(job.jobs, start=1):
+        if options.models and entry.model not in options.models:
+            continue
+        if entry.model not in models and entry.model != SMOKE:
+            raise ModelbenchUsageError(
+                f"{display_path(options.job_file or Path())}: jobs[{index}].model: unknown model "
+                f"{entry.model!r}{did_you_mean(entry.model, models)}; defined: {one_of(models)}"
+            )
+        envs = [e for e in entry.env if not options.envs or e in options.envs]
+        pairs.append(
+            (
+                _select_models([entry.model], models, options, source),
+                _variants_for(config, envs, check_module) if envs else [],
+            )
+        )
+    return pairs
+
+
+def _with_overrides(variant: Variant, options: RunOptions) -> tuple[Variant, int]:
+    """The variant with ``--env-args``/``--sampling-args`` merged in, and its example limit."""
+    if options.env_args:
+        variant = replace(variant, env_args={**variant.env_args, **options.env_args})
+    if options.sampling_args:
+        variant = replace(variant, sampling_args={**variant.sampling_args, **options.sampling_args})
+    limit = variant.num_examples
+    if options.num_examples is not None:
+        limit = options.num_examples if limit < 0 else min(limit, options.num_examples)
+    return variant, limit
+
+
+def _items(pairs: Pairs, options: RunOptions) -> list[PlannedItem]:
+    """Every model x variant x seed of ``pairs``, each item id once, in order."""
+    items: list[PlannedItem] = []
+    seen: set[str] = set()
+    for chosen_models, variants in pairs:
+        for model_name, model_spec in chosen_models:
+            spec = _apply_model_overrides(model_spec, options)
+            for base in variants:
+                variant, limit = _with_overrides(base, options)
+                for seed in options.seeds or variant.seeds:
+                    item_id = f"{model_name}-{variant.id}-seed{seed}"
+                    if item_id not in seen:
+                        seen.add(item_id)
+                        items.append(PlannedItem(item_id, model_name, spec, variant, seed, limit))
+    return items

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_modelbench.config.options import ReportOptions
 from pytest_modelbench.planning.item import Plan
-from pytest_modelbench.reporting.options import ReportOptions
 from pytest_modelbench.running.progress import PROGRESS_SINK, FileProgress, RecordingProgress
 from pytest_modelbench.workers import WORKER_PROGRESS_DIR, is_worker, worker_input
 
@@ -64,9 +64,9 @@ def write_run_reports(
 class ReportWriter:
     """Registered by ``plugin.pytest_configure`` on every process."""
 
-    def __init__(self, config: pytest.Config, session: SessionView) -> None:
+    def __init__(self, config: pytest.Config, options: ReportOptions, session: SessionView) -> None:
         self.config = config
-        self.options = ReportOptions.from_config(config)
+        self.options = options
         self.session = session
         self.live: Any = None  # reporting.live.LiveProgress on the controller while running
         self._token = uuid.uuid4().hex[:12]
@@ -148,11 +148,11 @@ class ReportWriter:
             width=lambda: _columns(fd, writer.fullwidth),
             flush=writer.flush,
         )
-        self.live.set_planned(_planned(session.items, self.session))
+        self.live.set_planned(_planned(session.items))
         self.live.start()
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+    def pytest_xdist_node_collection_finished(self, ids: list[str]) -> None:
         if self.live is not None:
             self.live.set_planned(_planned_from_ids(ids, self.session))
 
@@ -163,7 +163,7 @@ class ReportWriter:
             os.close(live.fd)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> Generator[None, Any, Any]:
+    def pytest_runtest_logstart(self) -> Generator[None, Any, Any]:
         if self.live is None:
             return (yield)
         with self.live.paused():
@@ -181,7 +181,7 @@ class ReportWriter:
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> Generator[None, Any, Any]:
+    def pytest_runtest_logfinish(self) -> Generator[None, Any, Any]:
         if self.live is None:
             return (yield)
         with self.live.paused():
@@ -189,13 +189,13 @@ class ReportWriter:
 
     # -- reports -------------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, Any, Any]:
+    def pytest_sessionfinish(self) -> Generator[None, Any, Any]:
         self._stop_live()
         result = yield
         self._write_reports()  # after every plain impl: Holm has re-decided the verdicts
         return result
 
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
+    def pytest_unconfigure(self) -> None:
         self._stop_live()
 
     def _write_reports(self) -> None:
@@ -234,7 +234,7 @@ def _columns(fd: int, fallback: int) -> int:
     return columns if columns > 0 else fallback  # a pseudo-terminal may report 0 x 0
 
 
-def _planned(items: list[pytest.Item], session: SessionView) -> dict[str, str]:
+def _planned(items: list[pytest.Item]) -> dict[str, str]:
     planned = {}
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -262,6 +262,6 @@ def _planned_from_ids(ids: list[str], session: SessionView) -> dict[str, str]:
     return planned
 
 
-def register(config: pytest.Config, session: SessionView) -> None:
-    """Called from ``plugin.pytest_configure`` with the session object."""
-    config.pluginmanager.register(ReportWriter(config, session), "modelbench-reports")
+def register(config: pytest.Config, options: ReportOptions, session: SessionView) -> None:
+    """Called from ``plugin.pytest_configure`` with the parsed options and the session object."""
+    config.pluginmanager.register(ReportWriter(config, options, session), "modelbench-reports")

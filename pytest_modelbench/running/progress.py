@@ -223,4 +223,3 @@ def read_progress_dir(directory: Path) -> list[ItemSnapshot]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return snapshots
-

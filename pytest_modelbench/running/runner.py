@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_modelbench.running.client import OpenAIClient, RequestFailed
+from pytest_modelbench.running.client import Completion, OpenAIClient, RequestFailed
 from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
@@ -40,6 +40,13 @@ class LoopStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
+
+    def count_retries(self, attempts: int, reasons: Sequence[str]) -> None:
+        """Add one request's retries, grouped by reason (``"timeout after 30 s"`` → ``timeout``)."""
+        self.retries += max(0, attempts - 1)
+        for reason in reasons:
+            key = reason.split(" after ")[0]
+            self.retry_reasons[key] = self.retry_reasons.get(key, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -110,20 +117,14 @@ async def run_loop(
             completion = await client.request(path, payload)
         except RequestFailed as exc:
             stats.errors += 1
-            stats.retries += max(0, exc.attempts - 1)
-            for reason in exc.retry_reasons:
-                key = reason.split(" after ")[0]
-                stats.retry_reasons[key] = stats.retry_reasons.get(key, 0) + 1
+            stats.count_retries(exc.attempts, exc.retry_reasons)
             row.update(
                 completion=None, error=exc.reason, attempts=exc.attempts, metrics={}, score=None
             )
             journal.append(row)
             progress.advance(error=True)
             return
-        stats.retries += completion.attempts - 1
-        for reason in completion.retry_reasons:
-            key = reason.split(" after ")[0]
-            stats.retry_reasons[key] = stats.retry_reasons.get(key, 0) + 1
+        stats.count_retries(completion.attempts, completion.retry_reasons)
         stats.prompt_tokens += completion.prompt_tokens or 0
         stats.completion_tokens += completion.completion_tokens or 0
         try:
@@ -132,19 +133,7 @@ async def run_loop(
             metrics, extracted, detail = {}, None, {}
             row["error"] = f"scorer raised {type(exc).__name__}: {exc}"
             stats.errors += 1
-        row.update(
-            completion=completion.text,
-            finish_reason=completion.finish_reason,
-            extracted=extracted,
-            metrics=metrics,
-            score=metrics.get(suite.primary_metric),
-            tokens={"prompt": completion.prompt_tokens, "completion": completion.completion_tokens},
-            latency_s=round(completion.latency_s, 4),
-            attempts=completion.attempts,
-        )
-        row.setdefault("error", None)
-        if detail:
-            row["detail"] = dict(detail)
+        _complete_row(row, completion, metrics, extracted, detail, suite.primary_metric)
         journal.append(row)
         progress.advance(
             error=row["error"] is not None,
@@ -164,3 +153,27 @@ async def run_loop(
             task.cancel()
         stats.wall_s = time.perf_counter() - started
     return stats
+
+
+def _complete_row(
+    row: dict[str, Any],
+    completion: Completion,
+    metrics: dict[str, float],
+    extracted: Any,
+    detail: Mapping[str, Any],
+    primary_metric: str,
+) -> None:
+    """Fill an answered example's journal row (``row`` already has its id, prompt and gold)."""
+    row.update(
+        completion=completion.text,
+        finish_reason=completion.finish_reason,
+        extracted=extracted,
+        metrics=metrics,
+        score=metrics.get(primary_metric),
+        tokens={"prompt": completion.prompt_tokens, "completion": completion.completion_tokens},
+        latency_s=round(completion.latency_s, 4),
+        attempts=completion.attempts,
+    )
+    row.setdefault("error", None)
+    if detail:
+        row["detail"] = dict(detail)

@@ -18,24 +18,6 @@ import pytest
 from pytest_modelbench.scheduling.costs import JobSource
 from pytest_modelbench.workers import is_worker
 
-DIST_MODES = ("modelbench", "off")
-
-
-def dist_mode(config: pytest.Config) -> str | None:
-    """``--mb-dist`` / ``modelbench_dist`` ini: 'modelbench', 'off', or None (decide by the run)."""
-    value = config.getoption("mb_dist", default=None)
-    if value is None:
-        value = config.getini("modelbench_dist") or None
-    if value is None:
-        return None
-    mode = str(value).strip().lower()
-    if mode not in DIST_MODES:
-        raise pytest.UsageError(
-            f"--mb-dist: expected 'modelbench' (keep each xdist worker on its model) or 'off' "
-            f"(use xdist's --dist), got {value!r}"
-        )
-    return mode
-
 
 class ModelbenchDist:
     """Offers xdist the model-affinity scheduler when this run evaluates benchmark items.
@@ -67,9 +49,11 @@ class ModelbenchDist:
 
 
 def register(
-    config: pytest.Config, active: Callable[[], bool], costs: Callable[[], JobSource]
+    config: pytest.Config,
+    mode: str | None,
+    active: Callable[[], bool],
+    costs: Callable[[], JobSource],
 ) -> None:
-    """Validate ``--mb-dist`` and register the scheduler hook (controller only)."""
-    mode = dist_mode(config)
+    """Register the scheduler hook (controller only); ``mode`` is the parsed ``--mb-dist``."""
     if not is_worker(config):
         config.pluginmanager.register(ModelbenchDist(mode, active, costs), "modelbench-dist")

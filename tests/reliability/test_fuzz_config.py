@@ -32,7 +32,7 @@ from pytest_modelbench.config.loading import (
     load_job_file,
     load_models_file,
 )
-from pytest_modelbench.config.options import _OPTIONS, RunOptions
+from pytest_modelbench.config.options import OPTIONS, RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.planning.item import Plan
 from pytest_modelbench.planning.plan import build_plan
@@ -335,7 +335,7 @@ class FakeConfig:
         return value
 
 
-FLAGS = {dest for _, dest, _, kind in _OPTIONS if kind == "flag"}
+FLAGS = {option.dest for option in OPTIONS if option.kind == "flag"}
 PLAN_NAMES = ("--", "models.yaml", "qa.yaml", "job-x.yaml", "configs", "nothing to run")
 
 
