@@ -1,7 +1,8 @@
 """pytest entry point: parse options and register modelbench's plugin objects.
 
-Behaviour lives in small classes (``session.ModelbenchSession``,
-``terminal.SummaryReporter``); this module only wires them, as pytest's
+Behaviour lives in small registered classes (``session.core.ModelbenchSession``,
+``reporting.writer.ReportWriter``, ``session.resume.ResumePlugin``,
+``scheduling.ModelbenchDist``); this module only wires them, as pytest's
 ``cacheprovider.pytest_configure`` registers ``LFPlugin``.
 """
 

@@ -4,7 +4,9 @@ A :class:`GateRule` turns the current :class:`ScoreSummary` (and, for paired
 rules, the per-example scores) into a :class:`GateVerdict`. Rules are chosen
 per baseline entry by :func:`rule_for`: ``min`` gives :class:`MinRule`,
 ``value`` (+ ``margin``) :class:`NonInferiorityRule`, ``run:`` or
-``--baseline-run`` :class:`PairedRule`. Adding a rule is adding a class.
+``--baseline-run`` :class:`PairedRule`. Adding a rule is adding a class, its
+case in :func:`rule_for`, and its sentence in :func:`_render` (the one-paragraph
+message is worded per rule).
 
 Every statistical rule fails an item only when the drop *beyond the margin*
 is significant at ``alpha`` (one-sided): a noisy dip passes.
