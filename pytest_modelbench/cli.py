@@ -116,6 +116,7 @@ def _run(name: str, runs_dir: Path) -> Path:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # lazily: each command loads only what it needs (CLI start-up)
     from pytest_modelbench.reporting.html import write_report
     from pytest_modelbench.reporting.leaderboard import write_leaderboards
     from pytest_modelbench.reporting.rows import PARQUET_NAME, ParquetUnavailable, write_parquet
@@ -141,6 +142,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    # lazily: each command loads only what it needs (CLI start-up)
     from pytest_modelbench.reporting.compare import compare_runs, render_text
 
     run_a = load_run(_run(args.run_a, args.run_dir))
@@ -157,6 +159,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    # lazily: each command loads only what it needs (CLI start-up)
     from pytest_modelbench.reporting.rows import ParquetUnavailable, write_csv, write_parquet
 
     run = load_run(_run(args.run, args.run_dir))

@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_modelbench_make_backend(module: str) -> Any:
+    # lazily: loaded only when the hook runs (pytest start-up)
     from pytest_modelbench.backends.registry import resolve_builtin
 
     return resolve_builtin(module)
@@ -95,6 +96,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     served = [i for i in items if not i.model.api_base_url]
     if not served:
         return None
+    # lazily: loaded only when the hook runs (pytest start-up)
     from pytest_modelbench.serving.gpus import auto_num_workers
 
     per_server = max((i.model.serve.gpus if i.model.serve else 1) for i in served)

@@ -39,6 +39,7 @@ class SuiteBackend:
         metric = item.variant.metric or self.suite.primary_metric
         known = set(self.suite.metrics) | {"pass@1"}
         if metric not in known and not metric.startswith("pass@"):
+            # lazily: the HTTP client loads only when an item runs (pytest start-up)
             from pytest_modelbench.errors import did_you_mean
 
             raise ModelbenchUsageError(
@@ -65,6 +66,7 @@ class SuiteBackend:
         # the HTTP client is imported only when an item runs, not at collection
         import asyncio
 
+        # lazily: the HTTP client loads only when an item runs (pytest start-up)
         from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
         from pytest_modelbench.running.runner import LoopSettings, run_loop, work_units
 

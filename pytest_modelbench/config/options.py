@@ -225,6 +225,7 @@ def _as_json_object(dest: str, value: Any) -> dict[str, Any]:
         raise ModelbenchUsageError(
             f"{_flag_name(dest)}: unusable JSON {shown_value(value)}: {reason}"
         ) from None
+    # lazily: the pydantic schema loads only when this option is given (pytest start-up)
     from pytest_modelbench.config.loading import check_shape
 
     check_shape(parsed, _flag_name(dest))
@@ -273,6 +274,7 @@ def _as_names(dest: str, value: Any) -> tuple[str, ...]:
 def _as_url(value: Any) -> str | None:
     if value is None:
         return None
+    # lazily: the pydantic schema loads only when this option is given (pytest start-up)
     from pytest_modelbench.config.schema import check_url
 
     try:
@@ -285,6 +287,7 @@ def _as_gpus(value: Any) -> str | None:
     """``--gpus`` checked now (it is used only when a worker starts a server)."""
     if value is None:
         return None
+    # lazily: the pydantic schema loads only when this option is given (pytest start-up)
     from pytest_modelbench.config.gpulist import GpuSpecError, parse_gpu_list
 
     try:

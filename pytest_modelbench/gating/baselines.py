@@ -188,6 +188,7 @@ def update_baselines(
                 entry.pop(stale, None)
         import io
 
+        # lazily: loaded only when baselines are written (pytest start-up)
         from pytest_modelbench.store.files import atomic_write_text
 
         buffer = io.StringIO()

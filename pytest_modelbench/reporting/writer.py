@@ -45,6 +45,7 @@ def write_run_reports(
     run_dir: Path, records: list[dict[str, Any]] | None, examples: int
 ) -> tuple[list[Path], str | None]:
     """All run-directory reports; returns (paths written, note about what was skipped)."""
+    # lazily: report builders load only at session end (pytest start-up)
     from pytest_modelbench.reporting.html import write_report
     from pytest_modelbench.reporting.leaderboard import write_leaderboards
     from pytest_modelbench.reporting.model import load_run
@@ -87,6 +88,7 @@ class ReportWriter:
             self.local = RecordingProgress()
             config.stash[PROGRESS_SINK] = self.local
         if config.pluginmanager.hasplugin("html") and config.getoption("htmlpath", None):
+            # lazily: report builders load only at session end (pytest start-up)
             from pytest_modelbench.reporting.htmlplugin import HtmlReportColumns
 
             config.pluginmanager.register(
@@ -128,6 +130,7 @@ class ReportWriter:
     def pytest_runtestloop(self, session: pytest.Session) -> None:
         if is_worker(self.config) or self.mode == "off" or not self.session.active:
             return
+        # lazily: report builders load only at session end (pytest start-up)
         from pytest_modelbench.reporting.live import LiveProgress
 
         if self.config.pluginmanager.get_plugin("terminalreporter") is None:

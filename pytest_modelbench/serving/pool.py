@@ -53,6 +53,7 @@ class ServerPool:
     def _gpus(self, n: int, model: str) -> tuple[str, ...]:
         """This worker's GPUs for a server of ``n`` GPUs (claimed once, re-claimed when
         ``n`` changes); warns once per model when the server would span several."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.gpus import warn_if_tensor_parallel
 
         gpus = self._claimed(n)
@@ -62,6 +63,7 @@ class ServerPool:
         return gpus
 
     def _claimed(self, n: int) -> tuple[str, ...]:
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
         from pytest_modelbench.serving.gpus import GpuSpecError, claim
 
@@ -85,6 +87,7 @@ class ServerPool:
 
     def ensure(self, item: PlannedItem) -> tuple[str, str]:
         """The (base URL, served model name) for ``item``, starting a server when needed."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
 
         spec = item.model
@@ -104,6 +107,7 @@ class ServerPool:
         return self._server.base_url, self._server.served_name
 
     def _start(self, item: PlannedItem, served: str) -> Any:
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.checkpoints import CheckpointWarning, servable_checkpoint
         from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
         from pytest_modelbench.serving.vllm import VllmServer
@@ -132,6 +136,7 @@ class ServerPool:
         return server
 
     def _restart(self, model: str) -> None:
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
 
         count = self._restarts.get(model, 0)

@@ -61,6 +61,7 @@ class ModelbenchSession:
             is not None
         ):
             return
+        # lazily: loaded only when this runs, not at every pytest start-up
         from pytest_modelbench.backends.registry import known_module_names
 
         names = known_module_names()
@@ -156,6 +157,7 @@ class ModelbenchSession:
             and self._plan is not None
             and not is_worker(self.config)
         ):
+            # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.session.terminal import write_plan
 
             selected = {
@@ -168,6 +170,7 @@ class ModelbenchSession:
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:
         if self._evaluator is None:
+            # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.evaluation.endpoints import EndpointManager
             from pytest_modelbench.evaluation.evaluate import ItemEvaluator, versions
 
@@ -196,6 +199,7 @@ class ModelbenchSession:
 
     def baseline_book(self) -> Any:
         if self._book is None:
+            # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import BaselineBook
 
             self._book = BaselineBook(
@@ -244,6 +248,7 @@ class ModelbenchSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
             return
+        # lazily: loaded only when this runs, not at every pytest start-up
         from pytest_modelbench.session.terminal import (
             write_markdown_summary,
             write_recomputed,
@@ -273,6 +278,7 @@ class ModelbenchSession:
         if self.options.correction == "holm":
             self._apply_holm(session)
         if self.options.update_baselines:
+            # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import update_baselines
 
             run_id = self._run_dir.name if self._run_dir else "unknown"
@@ -282,6 +288,7 @@ class ModelbenchSession:
 
     def _apply_holm(self, session: pytest.Session) -> None:
         """Re-decide every tested verdict with Holm-adjusted p-values; a failure fails the session."""
+        # lazily: loaded only when this runs, not at every pytest start-up
         from pytest_modelbench.gating.gates import GateVerdict, holm_adjust_verdicts
 
         tested = [r for r in self.records if r.get("gate")]

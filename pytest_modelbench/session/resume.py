@@ -13,6 +13,7 @@ import pytest
 
 from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.scheduling.durations import read_durations, write_durations
+from pytest_modelbench.session.core import SESSION_KEY
 from pytest_modelbench.session.lastfailed import LastFailedRecorder
 from pytest_modelbench.store.records import ItemProperties
 from pytest_modelbench.store.runstore import resolve_run_ref
@@ -28,8 +29,6 @@ class ResumePlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self) -> None:
-        from pytest_modelbench.session.core import SESSION_KEY
-
         mb = self.config.stash.get(SESSION_KEY, None)
         if mb is None or not mb.active or not mb.options.restart or self.config.option.collectonly:
             return

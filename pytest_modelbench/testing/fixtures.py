@@ -36,6 +36,7 @@ def mb_sim_server() -> Iterator[SimServerFactory]:
             assert srv.counts["5xx"] > 0
             assert max(srv.answers_per_key().values()) == 1  # nothing answered twice
     """
+    # lazily: the simulated server loads only when a test asks for it (pytest start-up)
     from pytest_modelbench.testing.simconfig import SimConfig
     from pytest_modelbench.testing.simserver import SimServer
 

@@ -101,6 +101,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 def _spawn_server(flags: str) -> tuple[subprocess.Popen[str], str, float | None]:
     """Start the simulator CLI with ``flags``; return it, its base URL and the ideal s/request."""
+    # lazily: only with --serve
     from pytest_modelbench.testing.cli import build_parser
 
     args = build_parser().parse_args(shlex.split(flags))
