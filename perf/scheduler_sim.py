@@ -208,8 +208,9 @@ class Simulation:
         self._seq = 0
         config = SimpleNamespace(
             getvalue=lambda name: [f"{workers}*popen"] if name == "tx" else None,
-            getoption=lambda name, default=None: None,
-            hook=SimpleNamespace(pytest_collectreport=lambda report: None),
+            getoption=lambda _name, _default=None: None,
+            # hooks are called with keyword arguments, so the stand-in keeps the hookspec name
+            hook=SimpleNamespace(pytest_collectreport=lambda report: None),  # noqa: ARG005
         )
         self.sched = make(config, lambda: self.now)
         self.nodes = [SimNode(self, f"gw{i}") for i in range(workers)]
@@ -266,8 +267,8 @@ def _modelbench(items: Sequence[SimItem]) -> Maker:
 
 
 SCHEDULERS: dict[str, Callable[[Sequence[SimItem]], Maker]] = {
-    "xdist load": lambda items: lambda config, clock: LoadScheduling(config, QUIET),
-    "xdist worksteal": lambda items: lambda config, clock: WorkStealingScheduling(config, QUIET),
+    "xdist load": lambda _items: lambda config, _clock: LoadScheduling(config, QUIET),
+    "xdist worksteal": lambda _items: lambda config, _clock: WorkStealingScheduling(config, QUIET),
     "modelbench": _modelbench,
 }
 

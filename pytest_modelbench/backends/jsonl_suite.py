@@ -162,7 +162,11 @@ class JsonlSuite:
     def data_checksum(self) -> str:
         return self._checksum
 
-    def examples(self, env_args: Mapping[str, Any], seed: int) -> Sequence[Example]:
+    def examples(
+        self,
+        env_args: Mapping[str, Any],
+        seed: int,  # noqa: ARG002  # Suite protocol signature; a JSONL file has one order
+    ) -> Sequence[Example]:
         args = self._args(env_args)
         shown = str(args["path"])
         columns = _read_cached(

@@ -281,6 +281,27 @@ def _modifies(event: str, args: tuple[Any, ...]) -> list[Any]:
     return [args[i] for i in PATH_EVENTS.get(event, ()) if i < len(args)]
 
 
+def _denied_event(
+    event: str, args: tuple[Any, ...], network: bool, spawn: bool, fork: bool, own_proc: set[str]
+) -> str | None:
+    """What ``event`` would do that the policy forbids (writes aside), or None."""
+    if event in NETWORK_EVENTS and not network:
+        return f"network access ({event})"
+    if event == "ctypes.dlopen":
+        return "loading native libraries with ctypes"
+    if event in SPAWN_EVENTS and not spawn:
+        return f"starting programs ({event})"
+    if event in FORK_EVENTS and not fork:
+        return f"creating processes ({event})"
+    if event == "open" and isinstance(args[0], (str, bytes)):
+        path = os.fsdecode(args[0])
+        parts = path.split("/")
+        is_pid = len(parts) > 2 and parts[:2] == ["", "proc"] and parts[2].isdigit()
+        if is_pid and parts[2] not in own_proc:
+            return f"reading other processes ({path})"
+    return None
+
+
 def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Callable[..., None]:
     """An audit hook enforcing the Python-level policy (a second line behind the OS)."""
     allowed = (os.path.realpath(workdir), "/dev/null")
@@ -296,19 +317,9 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
         raise PermissionError(f"modelbench sandbox: {what} is not allowed")
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event in NETWORK_EVENTS and not network:
-            deny(f"network access ({event})")
-        elif event == "ctypes.dlopen":
-            deny("loading native libraries with ctypes")
-        elif event in SPAWN_EVENTS and not spawn:
-            deny(f"starting programs ({event})")
-        elif event in FORK_EVENTS and not fork:
-            deny(f"creating processes ({event})")
-        elif event == "open" and isinstance(args[0], (str, bytes)):
-            parts = os.fsdecode(args[0]).split("/")
-            is_pid = len(parts) > 2 and parts[:2] == ["", "proc"] and parts[2].isdigit()
-            if is_pid and parts[2] not in own_proc:
-                deny(f"reading other processes ({os.fsdecode(args[0])})")
+        denied = _denied_event(event, args, network, spawn, fork, own_proc)
+        if denied is not None:
+            deny(denied)
         for path in _modifies(event, args):
             if not inside(path):
                 deny(f"writing outside the working directory ({os.fsdecode(path)})")

@@ -98,7 +98,12 @@ class ModelAffinityScheduling:
                 return
         self.node2collection[node] = list(collection)
 
-    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+    def mark_test_complete(
+        self,
+        node: Any,
+        item_index: int,
+        duration: float = 0,  # noqa: ARG002  # xdist protocol; the policy times items by its clock
+    ) -> None:
         now = self._clock()
         self.policy.complete(node, item_index, now)
         self._step(now)

@@ -26,7 +26,7 @@ class _StandDown(Exception):
     pass
 
 
-def _stand_down(signum: int, frame: FrameType | None) -> None:
+def _stand_down(_signum: int, _frame: FrameType | None) -> None:
     raise _StandDown
 
 

@@ -58,7 +58,7 @@ class BuiltinSuite(ABC):
         """The env args this suite accepts."""
         return (SYSTEM_PROMPT_ARG,)
 
-    def uses_seed(self, args: Mapping[str, Any]) -> bool:
+    def uses_seed(self, args: Mapping[str, Any]) -> bool:  # noqa: ARG002  # subclasses read args
         """Whether the item seed changes the examples (answer shuffling)."""
         return False
 

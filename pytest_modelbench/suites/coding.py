@@ -105,7 +105,7 @@ class HumanEval(CodeSuite):
     def arg_specs(self) -> tuple[Arg, ...]:
         return (num_fewshot_arg(0), SYSTEM_PROMPT_ARG, timeout_arg())
 
-    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:
+    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:  # noqa: ARG002  # BuiltinSuite.build signature; only shuffling suites read seed
         examples = []
         for record in self.records:
             messages = chat(
@@ -165,7 +165,7 @@ class MBPP(CodeSuite):
         show = Arg("show_tests", "bool", True, "list the test asserts in the prompt (standard)")
         return (num_fewshot_arg(3), SYSTEM_PROMPT_ARG, timeout_arg(), show)
 
-    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:
+    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:  # noqa: ARG002  # BuiltinSuite.build signature; only shuffling suites read seed
         shots = [
             (
                 MBPP_INSTRUCTION.format(text=shot["text"], tests=""),

@@ -82,7 +82,7 @@ class MATH500(BuiltinSuite):
         )
         return (num_fewshot_arg(4), SYSTEM_PROMPT_ARG, levels)
 
-    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:
+    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:  # noqa: ARG002  # BuiltinSuite.build signature; only shuffling suites read seed
         shots = [
             (INSTRUCTION.format(problem=shot["problem"]), str(shot["solution"]))
             for shot in self.fewshot[: args["num_fewshot"]]

@@ -123,7 +123,7 @@ class MultipleChoiceSuite(BuiltinSuite):
     def uses_seed(self, args: Mapping[str, Any]) -> bool:
         return bool(args["shuffle_answers"]) and args["shuffle_seed"] is None
 
-    def about(self, record: Record) -> str:
+    def about(self, record: Record) -> str:  # noqa: ARG002  # MMLU overrides it per record
         return f" about {self.topic}" if self.topic else ""
 
     def user_turn(self, record: Record, options: Sequence[str]) -> str:
@@ -135,7 +135,7 @@ class MultipleChoiceSuite(BuiltinSuite):
             options=format_options(options, letters),
         )
 
-    def shots_for(self, record: Record, count: int) -> list[tuple[str, str]]:
+    def shots_for(self, record: Record, count: int) -> list[tuple[str, str]]:  # noqa: ARG002  # MMLU overrides it per record
         return [
             (self.user_turn(shot, shot["options"]), f"Answer: {shot['answer']}")
             for shot in self.fewshot[:count]

@@ -49,7 +49,7 @@ class PubMedQA(BuiltinSuite):
     def user_turn(self, record: Record) -> str:
         return INSTRUCTION.format(abstract=abstract(record), question=record["question"])
 
-    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:
+    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:  # noqa: ARG002  # BuiltinSuite.build signature; only shuffling suites read seed
         shots = [
             (self.user_turn(shot), f"{shot['long_answer']}\nAnswer: {shot['answer']}")
             for shot in self.fewshot[: args["num_fewshot"]]

@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from pytest_modelbench.testing.faults import FaultKind
+
 Outcome = Literal[
     "ok", "5xx", "429", "timeout", "reset", "malformed", "client_error", "hang", "aborted"
 ]
@@ -183,3 +185,19 @@ def iter_log(path: str | Path) -> Iterator[RequestRecord]:
             if not line.endswith("\n"):
                 break
             yield RequestRecord.from_json(json.loads(line))
+
+
+class Pending:
+    """What is known so far about a request in progress (for its log record)."""
+
+    __slots__ = ("attempt", "fault", "key", "model", "path", "queued", "seed", "start")
+
+    def __init__(self, path: str, start: float) -> None:
+        self.path = path
+        self.start = start
+        self.model = ""
+        self.key = ""
+        self.seed: int | None = None
+        self.attempt = 0
+        self.queued = 0.0
+        self.fault: FaultKind | None = None

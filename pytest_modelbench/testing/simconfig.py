@@ -83,3 +83,8 @@ def _as_value(cls: type[Any], value: object, name: str) -> Any:
             raise TypeError(f"SimConfig.{name}: unknown field(s) {sorted(unknown)}")
         return cls(**value)
     raise TypeError(f"SimConfig.{name}={value!r}: give a {cls.__name__} or a mapping")
+
+
+def needs_draws(config: SimConfig) -> bool:
+    """Whether requests need their hash-derived uniforms (skipped on the fast path)."""
+    return config.faults.total > 0.0 or config.latency.distribution != "fixed"

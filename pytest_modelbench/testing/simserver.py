@@ -39,8 +39,8 @@ from aiohttp import web
 from pytest_modelbench.testing import wire
 from pytest_modelbench.testing.cli import build_parser, config_from_args
 from pytest_modelbench.testing.faults import FaultKind, Faults, Latency
-from pytest_modelbench.testing.reqlog import Outcome, RequestLog, RequestRecord
-from pytest_modelbench.testing.simconfig import SimConfig
+from pytest_modelbench.testing.reqlog import Outcome, Pending, RequestLog, RequestRecord
+from pytest_modelbench.testing.simconfig import SimConfig, needs_draws
 from pytest_modelbench.testing.slots import SlotGate
 
 __all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "Faults", "Latency", "SimConfig", "SimServer"]
@@ -51,39 +51,12 @@ COMPLETIONS_PATH = "/v1/completions"
 _SCALE = float(1 << 64)
 
 
-_INVALID = "invalid_request_error"
 _ROUTES = {
     ("GET", "/health"): "health",
     ("GET", "/v1/models"): "models",
     ("POST", CHAT_PATH): "chat",
     ("POST", COMPLETIONS_PATH): "completions",
 }
-
-
-class _BadRequest(Exception):
-    """The request is a client error; carries the status and OpenAI error fields."""
-
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-
-
-class _Pending:
-    """What is known so far about a request in progress (for its log record)."""
-
-    __slots__ = ("attempt", "fault", "key", "model", "path", "queued", "seed", "start")
-
-    def __init__(self, path: str, start: float) -> None:
-        self.path = path
-        self.start = start
-        self.model = ""
-        self.key = ""
-        self.seed: int | None = None
-        self.attempt = 0
-        self.queued = 0.0
-        self.fault: FaultKind | None = None
 
 
 class SimServer:
@@ -98,7 +71,7 @@ class SimServer:
         config = config or SimConfig()
         self._config = replace(config, **changes) if changes else config
         self._policy = self._config.policy
-        self._draws = _needs_draws(self._config)
+        self._draws = needs_draws(self._config)
         self.log = RequestLog()
         self._port = self._config.port
         self._ids = itertools.count(1)
@@ -192,7 +165,7 @@ class SimServer:
             self._slots = SlotGate(config.slots)
         self._config = config
         self._policy = config.policy
-        self._draws = _needs_draws(config)
+        self._draws = needs_draws(config)
         return config
 
     # -- lifecycle in the caller's event loop --------------------------------------------
@@ -323,9 +296,9 @@ class SimServer:
             else:
                 status = 405 if any(p == path for _, p in _ROUTES) else 404
                 message = f"{request.method} {path} is not served by the simulator"
-                return wire.json_response(wire.error_body(message, _INVALID, status), status)
+                return wire.json_response(wire.error_body(message, wire.INVALID, status), status)
         log = self.log
-        pending = _Pending(path, time.monotonic())
+        pending = Pending(path, time.monotonic())
         task = request.task
         self._tasks.add(task)
         log.arrive()
@@ -338,12 +311,14 @@ class SimServer:
             if route == "chat" or route == "completions":
                 body = self._parse_body(await request.read(), pending)
                 chat = route == "chat"
-                keys, prompt_tokens = _chat_keys(body) if chat else _completion_keys(body)
+                keys, prompt_tokens = wire.chat_keys(body) if chat else wire.completion_keys(body)
                 return await self._generate(request, pending, body, keys, prompt_tokens, chat)
             return self._answer_info(route, pending)
-        except _BadRequest as bad:
+        except wire.BadRequest as bad:
             self._record(pending, "client_error", bad.status, bad.code)
-            return wire.json_response(wire.error_body(bad.message, _INVALID, bad.code), bad.status)
+            return wire.json_response(
+                wire.error_body(bad.message, wire.INVALID, bad.code), bad.status
+            )
         except asyncio.CancelledError:
             outcome: Outcome = "aborted"
             if task in self._hanging:
@@ -358,16 +333,16 @@ class SimServer:
             self._tasks.discard(task)
             self._hanging.discard(task)
 
-    async def _note_hung(self, request: web.BaseRequest, pending: _Pending, *, chat: bool) -> None:
+    async def _note_hung(self, request: web.BaseRequest, pending: Pending, *, chat: bool) -> None:
         """Read a request about to hang (best effort), so its record names the model, key and seed."""
         try:
             body = self._parse_body(await request.read(), pending)
-            keys, _ = _chat_keys(body) if chat else _completion_keys(body)
-        except _BadRequest:
+            keys, _ = wire.chat_keys(body) if chat else wire.completion_keys(body)
+        except wire.BadRequest:
             return
         pending.key = keys[0]
 
-    def _record(self, pending: _Pending, outcome: Outcome, status: int, detail: str = "") -> None:
+    def _record(self, pending: Pending, outcome: Outcome, status: int, detail: str = "") -> None:
         self.log.add(
             (
                 pending.path,
@@ -384,7 +359,7 @@ class SimServer:
             )
         )
 
-    def _answer_info(self, route: str, pending: _Pending) -> web.Response:
+    def _answer_info(self, route: str, pending: Pending) -> web.Response:
         """``/health``, ``/v1/models`` and ``/v1/models/{name}``."""
         config = self._config
         if route == "health":
@@ -395,29 +370,29 @@ class SimServer:
         else:
             pending.model = pending.path[len("/v1/models/") :]
             if pending.model not in config.models:
-                raise _not_found(pending.model)
+                raise wire.not_found(pending.model)
             data = json.dumps(wire.model_card(pending.model, config.max_model_len)).encode()
         self._record(pending, "ok", 200)
         if not data:
             return web.Response(status=200)
         return wire.json_response(data)
 
-    def _parse_body(self, raw: bytes, pending: _Pending) -> dict[str, Any]:
+    def _parse_body(self, raw: bytes, pending: Pending) -> dict[str, Any]:
         """The request's JSON object, with its model checked and its seed noted."""
         try:
             body = json.loads(raw.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError included
             body = None
         if not isinstance(body, dict):
-            raise _BadRequest(
+            raise wire.BadRequest(
                 400, "We could not parse the JSON body of your request.", "invalid_json"
             )
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            raise _BadRequest(400, "you must provide a model parameter", "missing_model")
+            raise wire.BadRequest(400, "you must provide a model parameter", "missing_model")
         pending.model = model
         if model not in self._config.models:
-            raise _not_found(model)
+            raise wire.not_found(model)
         seed = body.get("seed")
         pending.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
         return body
@@ -425,7 +400,7 @@ class SimServer:
     async def _generate(
         self,
         request: web.BaseRequest,
-        pending: _Pending,
+        pending: Pending,
         body: dict[str, Any],
         keys: tuple[str, ...],
         prompt_tokens: int,
@@ -433,52 +408,25 @@ class SimServer:
     ) -> web.StreamResponse:
         """Draw the fault, hold a slot for the latency, and answer (or fail) like a server."""
         config = self._config
-        faults = config.faults
         seed = pending.seed
         pending.key = keys[0]
         pending.attempt = self.log.next_attempt((pending.path, pending.model, keys[0], seed))
         kind: FaultKind | None = None
         status = 0
         u_latency = 0.5
+        outcome: Outcome = "ok"
         if self._draws:
             u_fault, u_latency = self._uniforms(pending)
-            kind, status = faults.pick(u_fault)
-
-        outcome: Outcome = "ok"
-        if kind == "429":
-            self._record(pending, "429", 429)
-            message = "Rate limit reached (simulated); retry after the Retry-After header."
-            data = wire.error_body(message, "rate_limit_error", "rate_limit_exceeded")
-            return wire.json_response(data, 429, wire.retry_after_headers(faults.retry_after))
-        if kind == "reset":
-            self._record(pending, "reset", 0)
-            wire.drop_connection(request, rst=True)
-            return web.Response(status=500)  # never sent: the connection is gone
-        if kind == "timeout":
-            pending.fault = kind
-            await asyncio.sleep(faults.hang_s)
-            if faults.after_hang == "close":
-                self._record(pending, "timeout", 0, "closed")
-                wire.drop_connection(request, rst=False)
-                return web.Response(status=500)  # never sent
-            outcome = "timeout"
+            kind, status = config.faults.pick(u_fault)
+            if kind is not None:
+                failed = await self._fail_before_slot(request, pending, kind, config.faults)
+                if failed is not None:
+                    return failed
+                if kind == "timeout":
+                    outcome = "timeout"
 
         choices, completion_tokens = self._completions(keys, seed, body)
-        delay = config.latency.sample(u_latency, completion_tokens)
-        slots = self._slots
-        assert slots is not None
-        if not slots.try_take():
-            queued_at = time.monotonic()
-            await slots.take()
-            pending.queued = time.monotonic() - queued_at
-        log = self.log
-        log.enter_slot()
-        try:
-            if delay > 0.0:
-                await asyncio.sleep(delay)
-        finally:
-            log.leave_slot()
-            slots.give()
+        await self._hold_slot(pending, config.latency.sample(u_latency, completion_tokens))
 
         if kind == "5xx":
             self._record(pending, "5xx", status)
@@ -496,6 +444,61 @@ class SimServer:
             data = wire.completion_bytes(number, pending.model, choices, usage, chat=chat)
             return wire.json_response(data)
         payload = wire.completion_payload(number, pending.model, choices, usage, chat=chat)
+        return await self._answer_unusually(request, pending, body, payload, kind, outcome, chat)
+
+    async def _fail_before_slot(
+        self, request: web.BaseRequest, pending: Pending, kind: FaultKind, faults: Faults
+    ) -> web.StreamResponse | None:
+        """Answer the faults that strike before a slot is taken: 429, reset, a timeout that closes.
+
+        None: the request goes on (its fault strikes later, or it is a timeout that answers late).
+        """
+        if kind == "429":
+            self._record(pending, "429", 429)
+            message = "Rate limit reached (simulated); retry after the Retry-After header."
+            data = wire.error_body(message, "rate_limit_error", "rate_limit_exceeded")
+            return wire.json_response(data, 429, wire.retry_after_headers(faults.retry_after))
+        if kind == "reset":
+            self._record(pending, "reset", 0)
+            wire.drop_connection(request, rst=True)
+            return web.Response(status=500)  # never sent: the connection is gone
+        if kind == "timeout":
+            pending.fault = kind
+            await asyncio.sleep(faults.hang_s)
+            if faults.after_hang == "close":
+                self._record(pending, "timeout", 0, "closed")
+                wire.drop_connection(request, rst=False)
+                return web.Response(status=500)  # never sent
+        return None
+
+    async def _hold_slot(self, pending: Pending, delay: float) -> None:
+        """Wait for a slot (noting the time queued), then hold it for ``delay`` seconds."""
+        slots = self._slots
+        assert slots is not None
+        if not slots.try_take():
+            queued_at = time.monotonic()
+            await slots.take()
+            pending.queued = time.monotonic() - queued_at
+        log = self.log
+        log.enter_slot()
+        try:
+            if delay > 0.0:
+                await asyncio.sleep(delay)
+        finally:
+            log.leave_slot()
+            slots.give()
+
+    async def _answer_unusually(
+        self,
+        request: web.BaseRequest,
+        pending: Pending,
+        body: dict[str, Any],
+        payload: dict[str, Any],
+        kind: FaultKind | None,
+        outcome: Outcome,
+        chat: bool,
+    ) -> web.StreamResponse:
+        """A 200 off the hot path: streamed, broken by a fault (no choices, truncated), or late."""
         detail = ""
         if kind == "no_choices":
             del payload["choices"]
@@ -534,7 +537,7 @@ class SimServer:
             choices.append((text, finish))
         return choices, completion_tokens
 
-    def _uniforms(self, pending: _Pending) -> tuple[float, float]:
+    def _uniforms(self, pending: Pending) -> tuple[float, float]:
         """Two uniforms in [0, 1) for this request: its fault draw and its latency draw."""
         text = "\x1f".join(
             (
@@ -551,48 +554,6 @@ class SimServer:
             int.from_bytes(digest[:8], "big") / _SCALE,
             int.from_bytes(digest[8:16], "big") / _SCALE,
         )
-
-
-def _chat_keys(body: dict[str, Any]) -> tuple[tuple[str, ...], int]:
-    """The key (last user message) of a chat request and its prompt tokens (whitespace words)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest(400, "'messages' must be a non-empty list", "invalid_messages")
-    key = ""
-    prompt_tokens = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            raise _BadRequest(400, "each message must be an object", "invalid_messages")
-        text = wire.message_text(message.get("content"))
-        prompt_tokens += len(text.split())
-        if message.get("role") == "user":
-            key = text
-    return (key,), prompt_tokens
-
-
-def _completion_keys(body: dict[str, Any]) -> tuple[tuple[str, ...], int]:
-    """The keys (prompts) of a completion request and their prompt tokens."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        keys: tuple[str, ...] = (prompt,)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        keys = tuple(prompt)
-    else:
-        raise _BadRequest(400, "'prompt' must be a string or a list of strings", "invalid_prompt")
-    return keys, sum(len(key.split()) for key in keys)
-
-
-def _needs_draws(config: SimConfig) -> bool:
-    """Whether requests need their hash-derived uniforms (skipped on the fast path)."""
-    return config.faults.total > 0.0 or config.latency.distribution != "fixed"
-
-
-def _not_found(model: str) -> _BadRequest:
-    return _BadRequest(
-        404,
-        f"The model `{model}` does not exist or you do not have access to it.",
-        "model_not_found",
-    )
 
 
 async def serve(config: SimConfig) -> SimServer:

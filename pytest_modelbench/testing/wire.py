@@ -190,3 +190,53 @@ def drop_connection(request: web.BaseRequest, *, rst: bool) -> None:
         transport.abort()
     else:
         transport.close()
+
+
+INVALID = "invalid_request_error"
+
+
+class BadRequest(Exception):
+    """The request is a client error; carries the status and OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def chat_keys(body: dict[str, Any]) -> tuple[tuple[str, ...], int]:
+    """The key (last user message) of a chat request and its prompt tokens (whitespace words)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(400, "'messages' must be a non-empty list", "invalid_messages")
+    key = ""
+    prompt_tokens = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            raise BadRequest(400, "each message must be an object", "invalid_messages")
+        text = message_text(message.get("content"))
+        prompt_tokens += len(text.split())
+        if message.get("role") == "user":
+            key = text
+    return (key,), prompt_tokens
+
+
+def completion_keys(body: dict[str, Any]) -> tuple[tuple[str, ...], int]:
+    """The keys (prompts) of a completion request and their prompt tokens."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        keys: tuple[str, ...] = (prompt,)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        keys = tuple(prompt)
+    else:
+        raise BadRequest(400, "'prompt' must be a string or a list of strings", "invalid_prompt")
+    return keys, sum(len(key.split()) for key in keys)
+
+
+def not_found(model: str) -> BadRequest:
+    return BadRequest(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        "model_not_found",
+    )

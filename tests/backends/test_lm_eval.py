@@ -229,7 +229,7 @@ def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch
     from pytest_modelbench.backends import lm_eval_backend, registry
     from pytest_modelbench.errors import ModelbenchUsageError
 
-    monkeypatch.setattr(lm_eval_backend.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(lm_eval_backend.importlib.util, "find_spec", lambda _name: None)
     registry._BACKEND_CACHE.pop("lm_eval:hellaswag", None)
     with pytest.raises(ModelbenchUsageError, match=r"pip install 'pytest-modelbench\[lm-eval\]'"):
         registry.resolve_builtin("lm_eval:hellaswag")
@@ -267,7 +267,7 @@ def test_unsupported_version_names_working_ones(
     from pytest_modelbench.backends import lm_eval_backend
     from pytest_modelbench.errors import ModelbenchUsageError
 
-    monkeypatch.setattr(lm_eval_backend.importlib.metadata, "version", lambda name: version)
+    monkeypatch.setattr(lm_eval_backend.importlib.metadata, "version", lambda _name: version)
     with pytest.raises(ModelbenchUsageError) as info:
         lm_eval_backend.require_extra("lm_eval:gsm8k")
     assert f"lm-eval {version} is installed" in str(info.value)

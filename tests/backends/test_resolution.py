@@ -30,7 +30,7 @@ def test_missing_extra_stops_the_run_before_anything_starts(
 ) -> None:
     from pytest_modelbench.backends import registry, verifiers_backend
 
-    monkeypatch.setattr(verifiers_backend.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(verifiers_backend.importlib.util, "find_spec", lambda _name: None)
     registry._BACKEND_CACHE.pop("verifiers:my-env", None)
     project.models({"m": {"model": "x", "api_base_url": "http://127.0.0.1:9/v1"}})
     project.env("e", [{"id": "e", "module": "verifiers:my-env"}])

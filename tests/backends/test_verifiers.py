@@ -93,7 +93,7 @@ def _direct(
             "sim-model",
             num_examples=-1,
             rollouts_per_example=rollouts,
-            on_progress=lambda *a: None,
+            on_progress=lambda *_: None,
         )
     )
     return list(results["outputs"])

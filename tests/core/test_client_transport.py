@@ -442,7 +442,7 @@ def test_idle_connection_reset_as_the_request_arrives_is_an_attempt() -> None:
 
 
 def test_server_closing_without_responding_is_retried_then_fails() -> None:
-    failure, server = fails(lambda seen: Reply(close=True), retries=2)
+    failure, server = fails(lambda _seen: Reply(close=True), retries=2)
     assert failure.attempts == 3 and len(server.requests) == 3
     assert "closed without a response" in failure.reason
     assert failure.retry_reasons == ["connection error: closed without a response"] * 3
@@ -464,7 +464,7 @@ def test_server_closing_mid_response_is_retried() -> None:
     [b"SPAM SPAM SPAM\r\n\r\n", b"HTTP/1.1 OK\r\n\r\n", b"\x00\xff\xfe garbage\r\n\r\n"],
 )
 def test_garbage_status_line_is_retried_then_fails_clearly(garbage: bytes) -> None:
-    failure, server = fails(lambda seen: Reply(garbage), retries=1)
+    failure, server = fails(lambda _seen: Reply(garbage), retries=1)
     assert failure.attempts == 2 and len(server.requests) == 2
     assert "unparseable response" in failure.reason
     assert server.connections == 2  # a connection that spoke garbage is not reused
@@ -472,7 +472,7 @@ def test_garbage_status_line_is_retried_then_fails_clearly(garbage: bytes) -> No
 
 def test_oversized_header_is_unparseable() -> None:
     huge = http(answer("x"), headers=[("X-Padding", "p" * 70_000)])
-    failure, _ = fails(lambda seen: Reply(huge), retries=0)
+    failure, _ = fails(lambda _seen: Reply(huge), retries=0)
     assert "unparseable response" in failure.reason
 
 
@@ -504,7 +504,7 @@ def test_429_waits_for_retry_after() -> None:
 def test_400_is_not_retried_and_carries_the_server_message() -> None:
     message = "This model's maximum context length is 4096 tokens"
     failure, server = fails(
-        lambda seen: http(json.dumps({"error": {"message": message}}).encode(), 400), retries=5
+        lambda _seen: http(json.dumps({"error": {"message": message}}).encode(), 400), retries=5
     )
     assert failure.attempts == 1 and len(server.requests) == 1
     assert "HTTP 400" in failure.reason and message in failure.reason

@@ -276,15 +276,7 @@ def audit_item(
     problems: list[str] = []
     keys = set(expected.values())
     mine = [r for r in records if r.path.endswith("completions") and r.key in keys]
-    ok_answers: Counter[tuple[str, int | None]] = Counter(
-        (r.key, r.seed) for r in mine if r.outcome == "ok"
-    )
-    faults: Counter[str] = Counter(r.outcome for r in mine if r.outcome in FAULT_OUTCOMES)
-    strange: Counter[str] = Counter(
-        r.outcome for r in mine if r.outcome not in FAULT_OUTCOMES | {"ok"}
-    )
-    if strange:
-        problems.append(f"unexpected server outcomes {dict(strange)}")
+    faults = _server_faults(mine, problems)
     rows = journal_rows(item_dir)
     new_rows = rows[since_row:]
     by_id: dict[str, list[dict[str, Any]]] = {}
@@ -293,74 +285,17 @@ def audit_item(
     extra = sorted(set(by_id) - set(expected))
     if extra:
         problems.append(f"journal rows for unknown examples {extra[:5]}")
-    completed = wrong = lost = duplicates = 0
-    answered_ids: set[str] = set()
-    error_ids: set[str] = set()
-    scores: list[float] = []
+    journal = _JournalCheck(policy, seed, new_rows, mine, problems)
     for example_id, key in expected.items():
-        mine_rows = by_id.get(example_id, [])
-        oks = [row for row in mine_rows if not row.get("error")]
-        if len(oks) > 1:
-            duplicates += 1
-            problems.append(f"{example_id}: completed {len(oks)} times")
-        if not mine_rows:
-            lost += 1
-            problems.append(f"{example_id}: neither completed nor reported as an error")
-            continue
-        if not oks:
-            error_ids.add(example_id)
-            last = mine_rows[-1]
-            if not isinstance(last.get("error"), str) or last.get("score") is not None:
-                problems.append(f"{example_id}: error row without a message or with a score")
-            continue
-        row = oks[0]
-        completed += len(oks) == 1
-        answered_ids.add(example_id)
-        request = request_seed(seed, example_id, int(row.get("rollout", 0)))
-        if row.get("completion") != policy.answer(key, request):
-            wrong += 1
-            problems.append(
-                f"{example_id}: scored {row.get('completion')!r}, not the server's answer"
-            )
-        elif key in policy.lookup and row.get("score") != float(policy.correct(key, request)):
-            wrong += 1
-            problems.append(f"{example_id}: score {row.get('score')!r} does not match the answer")
-        if row in new_rows and ok_answers[(key, request)] == 0:
-            wrong += 1
-            problems.append(f"{example_id}: completed, but the server never answered it")
-        if isinstance(row.get("score"), (int, float)):
-            scores.append(float(row["score"]))
+        journal.check_example(example_id, key, by_id.get(example_id, []))
     asked = Counter(r.key for r in mine)
     if previous is not None:
-        gone = previous.answered - answered_ids
-        if gone:
-            lost += len(gone)
-            problems.append(f"finished examples lost: {sorted(gone)[:5]}")
-        again = sorted(i for i in previous.answered if asked.get(expected[i]))
-        if again:
-            problems.append(f"finished examples asked again: {again[:5]}")
-        skipped = sorted(i for i in previous.error_ids if not asked.get(expected[i]))
-        if skipped:
-            problems.append(f"failed examples not asked again: {skipped[:5]}")
+        journal.lost += _check_resumed(previous, expected, journal.answered, asked, problems)
     attempts = sum(int(row.get("attempts") or 1) for row in new_rows)
     refused = max(0, attempts - len(mine))
     if all_reach_server and attempts != len(mine):
         problems.append(f"the client made {attempts} attempts, the server saw {len(mine)}")
-    summary_path = item_dir / "summary.json"
-    status: str | None = None
-    if not summary_path.exists():
-        problems.append("no summary.json")
-    else:
-        summary = json.loads(summary_path.read_text())
-        status = summary.get("status")
-        value = summary["metrics"]["exact_match"]["value"]
-        if summary["errors"] != len(error_ids) or summary["n_scored"] != len(answered_ids):
-            problems.append(
-                f"summary.json says {summary['n_scored']} scored / {summary['errors']} errors, "
-                f"the journal {len(answered_ids)} / {len(error_ids)}"
-            )
-        if scores and (value is None or abs(value - sum(scores) / len(scores)) > 1e-9):
-            problems.append(f"summary.json score {value} is not the mean of the journal's scores")
+    status = _check_summary(item_dir / "summary.json", journal, problems)
     return Audit(
         label=label,
         examples=len(expected),
@@ -369,18 +304,132 @@ def audit_item(
         refused=refused,
         attempts=attempts,
         retries=sum(max(0, int(row.get("attempts") or 1) - 1) for row in new_rows),
-        completed_once=completed,
-        errors=len(error_ids),
-        duplicates=duplicates,
-        wrong=wrong,
-        lost=lost,
+        completed_once=journal.completed,
+        errors=len(journal.error_ids),
+        duplicates=journal.duplicates,
+        wrong=journal.wrong,
+        lost=journal.lost,
         status=status,
-        answered=frozenset(answered_ids),
-        error_ids=frozenset(error_ids),
+        answered=frozenset(journal.answered),
+        error_ids=frozenset(journal.error_ids),
         asked=dict(asked),
         journal_rows=len(rows),
         problems=tuple(problems),
     )
+
+
+def _server_faults(mine: Sequence[RequestRecord], problems: list[str]) -> Counter[str]:
+    """The faults among the server's records of an item; other non-``ok`` outcomes are problems."""
+    faults: Counter[str] = Counter(r.outcome for r in mine if r.outcome in FAULT_OUTCOMES)
+    strange: Counter[str] = Counter(
+        r.outcome for r in mine if r.outcome not in FAULT_OUTCOMES | {"ok"}
+    )
+    if strange:
+        problems.append(f"unexpected server outcomes {dict(strange)}")
+    return faults
+
+
+@dataclass
+class _JournalCheck:
+    """Walks an item's journal, example by example, against what the server answered."""
+
+    policy: AnswerPolicy
+    seed: int
+    new_rows: list[dict[str, Any]]
+    mine: Sequence[RequestRecord]
+    problems: list[str]
+    completed: int = 0
+    wrong: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    answered: set[str] = field(default_factory=set)
+    error_ids: set[str] = field(default_factory=set)
+    scores: list[float] = field(default_factory=list)
+    ok_answers: Counter[tuple[str, int | None]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ok_answers = Counter((r.key, r.seed) for r in self.mine if r.outcome == "ok")
+
+    def check_example(self, example_id: str, key: str, rows: list[dict[str, Any]]) -> None:
+        """One example: completed exactly once with the server's answer, or an error row."""
+        oks = [row for row in rows if not row.get("error")]
+        if len(oks) > 1:
+            self.duplicates += 1
+            self.problems.append(f"{example_id}: completed {len(oks)} times")
+        if not rows:
+            self.lost += 1
+            self.problems.append(f"{example_id}: neither completed nor reported as an error")
+        elif not oks:
+            self.error_ids.add(example_id)
+            last = rows[-1]
+            if not isinstance(last.get("error"), str) or last.get("score") is not None:
+                self.problems.append(f"{example_id}: error row without a message or with a score")
+        else:
+            self.completed += len(oks) == 1
+            self.answered.add(example_id)
+            self.check_answer(example_id, key, oks[0])
+
+    def check_answer(self, example_id: str, key: str, row: dict[str, Any]) -> None:
+        """An answered example's row: the server's answer, its score, really answered."""
+        policy = self.policy
+        request = request_seed(self.seed, example_id, int(row.get("rollout", 0)))
+        if row.get("completion") != policy.answer(key, request):
+            self.wrong += 1
+            self.problems.append(
+                f"{example_id}: scored {row.get('completion')!r}, not the server's answer"
+            )
+        elif key in policy.lookup and row.get("score") != float(policy.correct(key, request)):
+            self.wrong += 1
+            self.problems.append(
+                f"{example_id}: score {row.get('score')!r} does not match the answer"
+            )
+        if row in self.new_rows and self.ok_answers[(key, request)] == 0:
+            self.wrong += 1
+            self.problems.append(f"{example_id}: completed, but the server never answered it")
+        if isinstance(row.get("score"), (int, float)):
+            self.scores.append(float(row["score"]))
+
+
+def _check_resumed(
+    previous: Audit,
+    expected: Mapping[str, str],
+    answered: set[str],
+    asked: Counter[str],
+    problems: list[str],
+) -> int:
+    """Compare with the session before: returns how many finished examples were lost."""
+    lost = 0
+    gone = previous.answered - answered
+    if gone:
+        lost += len(gone)
+        problems.append(f"finished examples lost: {sorted(gone)[:5]}")
+    again = sorted(i for i in previous.answered if asked.get(expected[i]))
+    if again:
+        problems.append(f"finished examples asked again: {again[:5]}")
+    skipped = sorted(i for i in previous.error_ids if not asked.get(expected[i]))
+    if skipped:
+        problems.append(f"failed examples not asked again: {skipped[:5]}")
+    return lost
+
+
+def _check_summary(summary_path: Path, journal: _JournalCheck, problems: list[str]) -> str | None:
+    """Check ``summary.json`` agrees with the journal; returns its status (None: no summary)."""
+    if not summary_path.exists():
+        problems.append("no summary.json")
+        return None
+    summary = json.loads(summary_path.read_text())
+    value = summary["metrics"]["exact_match"]["value"]
+    errors, scored = len(journal.error_ids), len(journal.answered)
+    if summary["errors"] != errors or summary["n_scored"] != scored:
+        problems.append(
+            f"summary.json says {summary['n_scored']} scored / {summary['errors']} errors, "
+            f"the journal {scored} / {errors}"
+        )
+    scores = journal.scores
+    if scores and (value is None or abs(value - sum(scores) / len(scores)) > 1e-9):
+        problems.append(f"summary.json score {value} is not the mean of the journal's scores")
+    status: str | None = summary.get("status")
+    return status
 
 
 # -- sessions and their audits -----------------------------------------------------------

@@ -50,7 +50,7 @@ class Backend:
     def __init__(self, examples: int = 50, tokens: int = 400) -> None:
         self.examples, self.tokens, self.counted = examples, tokens, 0
 
-    def count_examples(self, item: PlannedItem) -> int:
+    def count_examples(self, _item: PlannedItem) -> int:
         self.counted += 1
         return self.examples
 
@@ -60,7 +60,7 @@ class Backend:
 
 def costs(items: list[PlannedItem], backend: Any = None, **kwargs: Any) -> PlanCosts:
     backend = backend or Backend()
-    return PlanCosts({i.item_id: i for i in items}, lambda module: backend, **kwargs)
+    return PlanCosts({i.item_id: i for i in items}, lambda _module: backend, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_remembered_durations_tolerate_junk() -> None:
         def __init__(self, value: Any) -> None:
             self.value = value
 
-        def get(self, key: str, default: Any) -> Any:
+        def get(self, key: str, _default: Any) -> Any:
             assert key == DURATIONS_KEY
             return self.value
 

@@ -31,7 +31,7 @@ def make(
 ) -> tuple[Any, list[Node], list[str]]:
     reports: list[Any] = []
     config: Any = SimpleNamespace(
-        getvalue=lambda name: [f"{workers}*popen"],
+        getvalue=lambda _name: [f"{workers}*popen"],
         hook=SimpleNamespace(pytest_collectreport=lambda report: reports.append(report)),
         reports=reports,
     )

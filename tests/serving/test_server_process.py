@@ -182,10 +182,10 @@ def test_watchdog_kills_group_when_parent_is_sigkilled(
 
 def test_watchdog_stands_down_when_server_stops(tmp_path: Path) -> None:
     server = ServerProcess(
-        lambda port: ["sleep", "600"],
+        lambda _port: ["sleep", "600"],
         env={"PATH": "/usr/bin:/bin"},
         log_path=tmp_path / "log",
-        ready=lambda url: True,
+        ready=lambda _url: True,
     )
     server.start(5)
     dog = server.watchdog_pid
