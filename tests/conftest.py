@@ -1,5 +1,149 @@
-"""Shared fixtures for the plugin's own tests."""
+"""Shared helpers and fixtures for the plugin's own tests: a benchmark project inside pytester's
+directory (``Project``/``project``), simulated servers (``sim``, the shipped ``mb_sim_server``),
+``configure`` for jsonl environments at a server, and readers of a run directory."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_modelbench.backends.jsonl_suite import JsonlSuite
+from pytest_modelbench.testing import lookup_from_examples
+from pytest_modelbench.testing.fixtures import SimServerFactory
+
 pytest_plugins = ["pytester"]
+
+BENCHMARK_MODULE = """
+from pytest_modelbench import EvalResult
+
+def test_benchmark(mb_eval: EvalResult) -> None:
+    mb_eval.check_baseline()
+"""
+
+
+def write_qa(path: Path, n: int, prefix: str = "q") -> Path:
+    """A JSONL QA file with ``n`` distinct questions."""
+    with path.open("w") as handle:
+        for i in range(n):
+            handle.write(
+                json.dumps(
+                    {
+                        "id": f"{prefix}{i}",
+                        "question": f"{prefix}: what is {i} + 1?",
+                        "answer": str(i + 1),
+                    }
+                )
+                + "\n"
+            )
+    return path
+
+
+class Project:
+    """A benchmark project inside ``pytester``'s directory."""
+
+    def __init__(self, pytester: pytest.Pytester) -> None:
+        self.pytester = pytester
+        self.root = pytester.path
+        (self.root / "configs" / "envs").mkdir(parents=True)
+        (self.root / "configs" / "baselines").mkdir()
+        (self.root / "benchmarks").mkdir()
+        (self.root / "benchmarks" / "test_models.py").write_text(BENCHMARK_MODULE)
+
+    def models(self, models: dict[str, dict[str, Any]]) -> None:
+        (self.root / "configs" / "models.yaml").write_text(yaml.safe_dump({"models": models}))
+
+    def env(self, name: str, variants: list[dict[str, Any]] | str) -> Path:
+        path = self.root / "configs" / "envs" / f"{name}.yaml"
+        path.write_text(variants if isinstance(variants, str) else yaml.safe_dump(variants))
+        return path
+
+    def qa(self, name: str, n: int) -> Path:
+        return write_qa(self.root / f"{name}.jsonl", n, prefix=name)
+
+    def lookup(self, *names: str) -> dict[str, tuple[str, str]]:
+        """Simulator lookup answering the jsonl suite's questions of these files."""
+        suite = JsonlSuite()
+        lookup: dict[str, tuple[str, str]] = {}
+        for name in names:
+            examples = suite.examples({"path": str(self.root / f"{name}.jsonl")}, 0)
+            lookup.update(
+                lookup_from_examples(examples, suite.reference_completion, suite.wrong_completion)
+            )
+        return lookup
+
+    def run_dirs(self) -> list[Path]:
+        return sorted(p for p in (self.root / "runs").iterdir() if p.is_dir())
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> Project:
+    return Project(pytester)
+
+
+@pytest.fixture
+def sim(mb_sim_server: SimServerFactory) -> SimServerFactory:
+    """Started simulated servers: the shipped ``mb_sim_server`` fixture (stopped at teardown)."""
+    return mb_sim_server
+
+
+def configure(
+    project: Project,
+    url: str,
+    models: Sequence[str] = ("alpha",),
+    *,
+    n: int = 20,
+    envs: Sequence[str] = ("qa",),
+    seeds: Sequence[int] | None = None,
+    served: str = "sim-model",
+    **model: Any,
+) -> None:
+    """Models at ``url`` and one jsonl environment per name in ``envs`` (``<name>.jsonl`` with
+    ``n`` questions, written once). ``served`` is the model name sent to the server; ``{name}``
+    in it becomes the model's name; ``model`` adds models.yaml keys."""
+    for env in envs:
+        if not (project.root / f"{env}.jsonl").exists():
+            project.qa(env, n)
+        variant: dict[str, Any] = {
+            "id": env,
+            "module": "jsonl",
+            "env_args": {"path": f"{env}.jsonl"},
+        }
+        if seeds is not None:
+            variant["seeds"] = list(seeds)
+        project.env(env, [variant])
+    project.models(
+        {
+            name: {
+                "model": served.format(name=name),
+                "api_base_url": url,
+                "max_concurrent": 8,
+                "retry_backoff": 0.01,
+                **model,
+            }
+            for name in models
+        }
+    )
+
+
+def rows(item_dir: Path) -> list[dict[str, Any]]:
+    """Whole journal lines of an item (what a resume would keep), last row per example."""
+    text = (item_dir / "results.jsonl").read_bytes().decode()
+    complete = text[: text.rfind("\n") + 1] if "\n" in text else ""
+    out: dict[str, dict[str, Any]] = {}
+    for line in complete.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[f"{row['example_id']}/{row.get('rollout', 0)}"] = row
+    return list(out.values())
+
+
+def manifest(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run_dir / "run_manifest.json").read_text())
+    return data

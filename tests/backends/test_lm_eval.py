@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 lm_eval = pytest.importorskip("lm_eval", reason="needs the lm-eval extra")
 

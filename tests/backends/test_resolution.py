@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.suites import BUILTIN_SUITES
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 N = 40
 

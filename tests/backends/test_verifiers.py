@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 vf = pytest.importorskip("verifiers", reason="needs the verifiers extra")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 URL = "http://127.0.0.1:9/v1"
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.testing import is_correct
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 
 def configure(

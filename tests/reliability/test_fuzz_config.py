@@ -36,7 +36,7 @@ from pytest_modelbench.config.options import OPTIONS, RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.planning.item import Plan
 from pytest_modelbench.planning.plan import build_plan
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 EXAMPLES = int(os.environ.get("MODELBENCH_FUZZ_EXAMPLES", "300"))
 """Examples per property (raise it for a longer hunt: MODELBENCH_FUZZ_EXAMPLES=5000)."""

@@ -1,4 +1,4 @@
-"""Fixtures for report tests: core ``project``/``sim`` fixtures, crafted runs, headless chromium."""
+"""Fixtures for report tests: crafted runs and headless chromium."""
 
 from __future__ import annotations
 
@@ -6,43 +6,11 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.core.conftest import Project, project, sim  # the core fixtures, re-exported
-
-__all__ = ["Browser", "Project", "craft_run", "project", "sim"]
-
-
-def configure(
-    project: Project,
-    url: str,
-    models: Sequence[str] = ("alpha",),
-    *,
-    n: int = 60,
-    envs: Sequence[str] = ("qa",),
-    **model: Any,
-) -> None:
-    """Models at ``url`` and one jsonl environment per name in ``envs`` (``n`` questions each)."""
-    for env in envs:
-        project.qa(env, n)
-        project.env(env, [{"id": env, "module": "jsonl", "env_args": {"path": f"{env}.jsonl"}}])
-    project.models(
-        {
-            name: {
-                "model": "sim-model",
-                "api_base_url": url,
-                "max_concurrent": 8,
-                "retry_backoff": 0.01,
-                **model,
-            }
-            for name in models
-        }
-    )
 
 
 def craft_run(

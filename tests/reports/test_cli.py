@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.cli import main, run_status
-from tests.reports.conftest import Project, configure, craft_run
+from tests.conftest import Project, configure
+from tests.reports.conftest import craft_run
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

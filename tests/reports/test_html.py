@@ -11,7 +11,8 @@ import yaml
 
 from pytest_modelbench.reporting import charts
 from pytest_modelbench.reporting.htmlplugin import sort_key
-from tests.reports.conftest import Browser, Project, configure
+from tests.conftest import Project, configure
+from tests.reports.conftest import Browser
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -16,7 +16,8 @@ from pytest_modelbench.reporting.rows import (
     arrow_schema,
     write_parquet,
 )
-from tests.reports.conftest import Project, configure, craft_run
+from tests.conftest import Project, configure
+from tests.reports.conftest import craft_run
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.reports.conftest import Project, configure
+from tests.conftest import Project, configure
 
 pytest.importorskip("verifiers", reason="needs the verifiers extra")
 pytest.importorskip("lm_eval", reason="needs the lm-eval extra")

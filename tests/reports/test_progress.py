@@ -16,7 +16,7 @@ import pytest
 
 from pytest_modelbench.reporting.live import format_duration, session_view, status_line
 from pytest_modelbench.running.progress import FileProgress, ItemSnapshot, read_progress_dir
-from tests.reports.conftest import Project, configure
+from tests.conftest import Project, configure
 
 SESSION_LINE = "[[]modelbench] items */2 · examples */* * req/s · * tok/s · ETA *"
 ITEM_RATE = re.compile(

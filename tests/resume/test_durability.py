@@ -13,8 +13,8 @@ import pytest
 
 from pytest_modelbench.store import journal
 from pytest_modelbench.store.runstore import RunStore
-from tests.core.conftest import Project
-from tests.resume.conftest import completions, configure, manifest, rows
+from tests.conftest import Project, configure, manifest, rows
+from tests.resume.conftest import completions
 
 needs_proc = pytest.mark.skipif(
     not Path("/proc/self/fd").is_dir(), reason="needs /proc to name fds"

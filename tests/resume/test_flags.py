@@ -7,8 +7,8 @@ import warnings
 from typing import Any
 
 from pytest_modelbench.store.journal import Journal
-from tests.core.conftest import Project
-from tests.resume.conftest import completions, configure, manifest, rows, run_pytest
+from tests.conftest import Project, configure, manifest, rows
+from tests.resume.conftest import completions, run_pytest
 
 # a test that cuts the power (SIGKILL to the whole pytest process group, xdist workers included)
 # once the controller has recorded the gate failure of alpha-qa-seed0

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.conftest import Project
-from tests.resume.conftest import configure, manifest
+from tests.conftest import Project, configure, manifest
 
 ITEMS = 200
 

@@ -19,17 +19,8 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.running.runner import request_seed
-from tests.core.conftest import Project
-from tests.resume.conftest import (
-    comparable,
-    completions,
-    configure,
-    kill_group,
-    manifest,
-    rows,
-    run_pytest,
-    start_pytest,
-)
+from tests.conftest import Project, configure, manifest, rows
+from tests.resume.conftest import comparable, completions, kill_group, run_pytest, start_pytest
 
 MODELS = ("alpha", "beta")
 SEEDS = (0, 1, 2, 3)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.conftest import Project
+from tests.conftest import Project
 
 RECORDER = """
 import json
