@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pytest_modelbench.config import ConfigSet, ModelSpec, Variant, expand_variants, load_job_file
 from pytest_modelbench.config.loading import display_path
@@ -66,6 +66,52 @@ def expand_checkpoints(name: str, spec: ModelSpec) -> list[tuple[str, ModelSpec]
     return out
 
 
+def ad_hoc_label(name: str, parts: int = 1) -> str:
+    """The model id of an ad hoc model (an HF id or a path): its last ``parts`` path components
+    joined by ``-`` (``org/llama-7b`` → ``llama-7b``, or ``org-llama-7b`` with ``parts=2``)."""
+    components = [c for c in name.rstrip("/").split("/") if c not in ("", ".")]
+    return "-".join(components[-parts:]) or name
+
+
+def _distinct(
+    chosen: list[tuple[str, ModelSpec]], configured: set[str]
+) -> list[tuple[str, ModelSpec]]:
+    """Give ad hoc models that would share an id (``orgA/llama-7b``, ``orgB/llama-7b``; two
+    ``.../final`` checkpoints) ids made of as many trailing path components as tell them apart;
+    the same model named twice is kept once. Two different models that still share an id (a
+    models.yaml name equal to an ad hoc model's) are a usage error naming both."""
+    unique: dict[tuple[str, str | None], tuple[str, ModelSpec]] = {}
+    for label, spec in chosen:
+        unique.setdefault((label, spec.model if label != spec.model else None), (label, spec))
+    by_label: dict[str, list[tuple[str, ModelSpec]]] = {}
+    for label, spec in unique.values():
+        by_label.setdefault(label, []).append((label, spec))
+    out: list[tuple[str, ModelSpec]] = []
+    for label, group in by_label.items():
+        if len(group) > 1 and label in configured:
+            _refuse(label, [spec.model or label for _, spec in group])
+        out.extend(group if len(group) == 1 else _tell_apart(label, group))
+    return out
+
+
+def _tell_apart(label: str, group: list[tuple[str, ModelSpec]]) -> list[tuple[str, ModelSpec]]:
+    paths = [spec.model or label for _, spec in group]
+    longest = max(len([c for c in p.split("/") if c]) for p in paths)
+    for parts in range(2, longest + 1):
+        labels = [ad_hoc_label(p, parts) for p in paths]
+        if len(set(labels)) == len(labels):
+            return [(new, spec) for new, (_, spec) in zip(labels, group, strict=True)]
+    _refuse(label, paths)
+
+
+def _refuse(label: str, paths: list[str]) -> NoReturn:
+    shown = " and ".join(repr(p) for p in paths)
+    raise ModelbenchUsageError(
+        f"--model: {shown} would both be evaluated as {label!r}; give them distinct names "
+        "in configs/models.yaml (models: {name: {model: <id or path>}}) and pass those names"
+    )
+
+
 def _select_models(
     wanted: Sequence[str], models: Mapping[str, ModelSpec], options: RunOptions, source: str
 ) -> list[tuple[str, ModelSpec]]:
@@ -87,8 +133,8 @@ def _select_models(
         if spec.checkpoints:
             chosen.extend(expand_checkpoints(name, spec))
         else:
-            chosen.append((name.rsplit("/", 1)[-1] if name not in models else name, spec))
-    return chosen
+            chosen.append((name if name in models else ad_hoc_label(name), spec))
+    return _distinct(chosen, configured=set(models))
 
 
 def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:

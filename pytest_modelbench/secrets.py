@@ -1,0 +1,49 @@
+"""Secrets never leave the process: every string modelbench writes or prints can pass through
+:func:`redact`, which removes the API key values in use and anything that looks like a bearer
+token or an API key (``sk-...``), even when a server echoes them back in an error body.
+
+Keys are registered where they are read from the environment (:func:`remember`); the registry
+is per process, so each xdist worker redacts the keys it uses.
+"""
+
+from __future__ import annotations
+
+import re
+
+REDACTED = "[REDACTED]"
+_MIN_SECRET = 8  # shorter values are not treated as secrets (they would redact ordinary words)
+_secrets: set[str] = set()
+# OpenAI-style keys and bearer tokens, whatever key is in use (a gateway may echo another one)
+_TOKEN = re.compile(
+    r"(?:\bsk-[A-Za-z0-9_\-]{8,}|(?i:\bbearer\s+)[A-Za-z0-9._~+/\-]{8,}=*|\bsess-[A-Za-z0-9]{16,})"
+)
+
+
+def remember(value: str | None) -> None:
+    """Treat ``value`` (an API key read from the environment) as a secret from now on."""
+    if value and len(value) >= _MIN_SECRET:
+        _secrets.add(value)
+
+
+def redact(text: str) -> str:
+    """``text`` without any registered secret or token-looking string."""
+    if not text:
+        return text
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    if "sk-" in text or "earer" in text or "sess-" in text:
+        text = _TOKEN.sub(_mask, text)
+    return text
+
+
+def _mask(match: re.Match[str]) -> str:
+    token = match.group(0)
+    if token[:6].lower() == "bearer":
+        return "Bearer " + REDACTED
+    return REDACTED
+
+
+def active() -> bool:
+    """Whether any secret is registered (callers on a hot path may skip :func:`redact`)."""
+    return bool(_secrets)
