@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.running.endpoint import Endpoint
+from pytest_modelbench.secrets import remember
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
@@ -20,8 +21,11 @@ if TYPE_CHECKING:
 
 def _api_key(var: str | None, model_name: str) -> str | None:
     if var is None:
-        return os.environ.get("OPENAI_API_KEY") or None
+        key = os.environ.get("OPENAI_API_KEY") or None
+        remember(key)  # never written or printed, even when a server echoes it
+        return key
     value = os.environ.get(var)
+    remember(value)
     if not value:
         raise EvaluationError(
             f"models.{model_name}.api_key_var: environment variable {var} is not set; "

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from pytest_modelbench.secrets import redact
+
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 300.0
 CONNECT_TIMEOUT_S = 30.0
@@ -111,9 +113,9 @@ def _error_text(body: bytes) -> str:
         data = json.loads(body)
         error = data.get("error", data) if isinstance(data, dict) else data
         message = error.get("message") if isinstance(error, dict) else None
-        return str(message or error)[:300]
+        return redact(str(message or error)[:300])  # a gateway may echo the key it was sent
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return body[:300].decode("utf-8", "replace")
+        return redact(body[:300].decode("utf-8", "replace"))
 
 
 async def _within(seconds: float, awaitable: Awaitable[T]) -> T:

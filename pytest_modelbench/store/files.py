@@ -16,6 +16,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from pytest_modelbench.secrets import redact
+
 
 class StoreWarning(UserWarning):
     """Something in the run store was damaged and has been worked around."""
@@ -35,7 +37,7 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            handle.write(redact(text))
             handle.flush()
             if durable:
                 os.fsync(handle.fileno())

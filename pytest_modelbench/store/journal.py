@@ -16,6 +16,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any
 
+from pytest_modelbench.secrets import redact
 from pytest_modelbench.store.files import (
     StoreWarning,
     StoreWriteError,
@@ -156,7 +157,7 @@ class Journal:
         """Write one whole line and flush it to the OS (survives a process crash)."""
         assert self._handle is not None, "journal not open"
         try:
-            self._handle.write(_dumps(row) + "\n")
+            self._handle.write(redact(_dumps(row)) + "\n")
             self._handle.flush()
         except OSError as exc:
             raise StoreWriteError(

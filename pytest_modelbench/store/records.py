@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, TypedDict
 
+from pytest_modelbench.secrets import redact
+
 JOURNAL_ROW_VERSION = 1  # the "v" field of every journal row
 SUMMARY_VERSION = 1
 METADATA_VERSION = 1
@@ -208,7 +210,7 @@ class ItemProperties:
         if not keys:  # an item that failed before it had a score
             keys = ["item", "model", "env", "variant", "seed", "verdict"]
         keys += [k for k in ("recomputed", "error") if values[k]]
-        return [(PROPERTY_PREFIX + k, values[k]) for k in keys]
+        return [(PROPERTY_PREFIX + k, _clean(values[k])) for k in keys]
 
     @staticmethod
     def record_of(user_properties: Iterable[tuple[Any, Any]]) -> dict[str, Any] | None:
@@ -228,6 +230,11 @@ class ItemProperties:
         if record is not None:
             record["outcome"] = report.outcome
         return record
+
+
+def _clean(value: Any) -> Any:
+    """Property values reach JUnit XML, reports and the terminal: no secret in them."""
+    return redact(value) if isinstance(value, str) else value
 
 
 PROPERTY_FIELDS = frozenset(f.name for f in fields(ItemProperties))
