@@ -8,10 +8,12 @@ GPU(s), reused across items of the same model and stopped on model switch.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
+from pytest_modelbench.running.client import OpenAIClient
 from pytest_modelbench.running.endpoint import Endpoint
 from pytest_modelbench.secrets import remember
 
@@ -39,6 +41,7 @@ class EndpointManager:
 
     def __init__(self, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
         self._checked: dict[tuple[tuple[str, ...], str], str | None] = {}  # pre-flight outcomes
+        self._identities: dict[tuple[tuple[str, ...], str], dict[str, Any]] = {}
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
 
@@ -76,6 +79,20 @@ class EndpointManager:
             checked=self._checked,
         )
 
+    def identity(self, item: PlannedItem) -> dict[str, Any] | None:
+        """For an external endpoint, what answers there: its URLs and what ``/v1/models`` says of
+        the model (id, root, max_model_len), asked once per worker. Results are reused only while
+        the same model answers at the same place; None for served models (their weights are in
+        the fingerprint already) and solution files."""
+        spec = item.model
+        if spec.solutions or not spec.api_base_url:
+            return None
+        endpoint = self.endpoint_for(item)
+        key = (endpoint.base_urls, endpoint.served_model)
+        if key not in self._identities:
+            self._identities[key] = asyncio.run(_describe(endpoint))
+        return self._identities[key]
+
     def recover(self, item: PlannedItem) -> bool:
         """After a failed item: True when its server had died and was restarted (retry it)."""
         return self.serving is not None and bool(self.serving.recover(item))
@@ -83,3 +100,22 @@ class EndpointManager:
     def close(self) -> None:
         if self.serving is not None:
             self.serving.close()
+
+
+_CARD_FIELDS = ("id", "root", "parent", "max_model_len")  # not "created": vLLM stamps each answer
+
+
+async def _describe(endpoint: Endpoint) -> dict[str, Any]:
+    async with OpenAIClient(endpoint.base_urls, api_key=endpoint.api_key) as client:
+        await endpoint.ensure_ready(client)  # unreachable or not serving it: EvaluationError
+        cards = client.model_cards
+    seen = [
+        {k: cards.get(base, {}).get(k) for k in _CARD_FIELDS if k in cards.get(base, {})}
+        for base in endpoint.base_urls
+    ]
+    identity: dict[str, Any] = {"urls": list(endpoint.base_urls)}
+    if all(card == seen[0] for card in seen):
+        identity["model"] = seen[0]  # field by field, so a change names the field
+    else:
+        identity["models"] = {str(i): card for i, card in enumerate(seen)}
+    return identity

@@ -251,6 +251,9 @@ class ItemEvaluator:
     ) -> EvalResult:
         metric = backend.primary_metric(item)
         parts = fingerprint_parts(item, backend)
+        endpoint = self.endpoints.identity(item)
+        if endpoint is not None:
+            parts["endpoint"] = endpoint
         fingerprint = digest(parts)
         summary = item_store.read_summary()
         journal_exists = item_store.journal.path.exists()

@@ -323,6 +323,7 @@ class OpenAIClient:
         if not base_urls:
             raise ValueError("at least one base URL is required")
         self.base_urls = [url.rstrip("/") for url in base_urls]
+        self.model_cards: dict[str, dict[str, Any]] = {}  # base URL -> /models entry (preflight)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -369,9 +370,13 @@ class OpenAIClient:
                     + (" (check api_key_var)" if response.status in (401, 403) else "")
                 )
             try:
-                names = [str(m.get("id")) for m in json.loads(response.body).get("data", [])]
+                listed = [
+                    m for m in json.loads(response.body).get("data", []) if isinstance(m, dict)
+                ]
+                names = [str(m.get("id")) for m in listed]
             except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError):
                 raise EndpointUnavailable(f"{url} did not return an OpenAI model list") from None
+            self.model_cards[base] = next((m for m in listed if m.get("id") == model), {})
             if model not in names:
                 raise EndpointUnavailable(
                     f"endpoint {base} does not serve model {model!r}; it serves: "

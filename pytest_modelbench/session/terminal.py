@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_modelbench.store.runstore import RunStore
+
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.session.core import ModelbenchSession
@@ -134,6 +136,33 @@ def write_summary_table(
         reporter.write_line(line)
     if run_dir is not None:
         reporter.write_line(f"run store: {run_dir}")
+        write_from_store(reporter, records, run_dir)
+
+
+MAX_LISTED = 5
+
+
+def write_from_store(reporter: Any, records: Sequence[dict[str, Any]], run_dir: Path) -> None:
+    """Which items were read back from the store instead of evaluated, from which run, when."""
+    stored = [r for r in _ordered(records) if r.get("from_store")]
+    if not stored:
+        return
+    manifest = RunStore(run_dir).read_manifest().get("items") or {}
+    lines = []
+    for rec in stored:
+        item = str(rec.get("item"))
+        summary = RunStore(run_dir).item(item).read_summary() or {}
+        entry = manifest.get(item) or {}
+        run = entry.get("seeded_from") or run_dir.name
+        lines.append(f"  {item}: {run}, finished {summary.get('finished_at', '?')}")
+    reporter.write_line(
+        f"from store ({len(stored)} of {len(records)} items, not evaluated again; "
+        "--force -k ITEM recomputes):"
+    )
+    for line in lines[:MAX_LISTED]:
+        reporter.write_line(line)
+    if len(lines) > MAX_LISTED:
+        reporter.write_line(f"  ... and {len(lines) - MAX_LISTED} more (see run_manifest.json)")
 
 
 def write_recomputed(reporter: Any, records: Sequence[dict[str, Any]]) -> None:

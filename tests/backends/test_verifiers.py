@@ -169,14 +169,11 @@ def test_failed_examples_resume_and_reach_the_journal(
     rows = [json.loads(line) for line in (run_dir / "vf-toy-seed0" / "results.jsonl").open()]
     failed = {r["example_id"] for r in rows if r["error"]}
     assert len(rows) == 10 and 0 < len(failed) < 10
-    healthy = sim(accuracy=1.0, lookup=lookup)
-    project.models(
-        {"vf": {"model": "sim-model", "api_base_url": healthy.base_url, "max_retries": 0}}
-    )
-    # the endpoint URL is not part of the fingerprint: this continues the same item
+    broken.reconfigure(faults={})  # the same endpoint, healthy again: continues the same item
+    broken.clear_log()
     second = project.pytester.runpytest("benchmarks/", "--model", "vf")
     second.assert_outcomes(passed=1)
-    sent = [r for r in healthy.requests if r.path.endswith("completions")]
+    sent = [r for r in broken.requests if r.path.endswith("completions")]
     assert len(sent) == len(failed)
     summary = json.loads((run_dir / "vf-toy-seed0" / "summary.json").read_text())
     assert summary["errors"] == 0 and summary["metrics"]["reward"]["value"] == 1.5

@@ -56,6 +56,9 @@ def test_items_whose_ids_sanitise_alike_keep_their_own_results(project: Project,
     second = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     second.assert_outcomes(passed=2)
     assert completions() == 20  # both read back from the store
+    second.stdout.fnmatch_lines(
+        ["from store (2 of 2 items, *", "  alpha-med:x-seed0: run-*, finished 20*"]
+    )
     (run_dir,) = project.run_dirs()
     paths = {entry["path"] for entry in manifest(run_dir)["items"].values()}
     assert len(paths) == 2

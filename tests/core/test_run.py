@@ -160,7 +160,8 @@ def test_rerun_reports_from_store_without_requests(project: Project, sim: Any) -
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha,beta")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*no baseline (from store)*"])
-    assert server.requests == []
+    # no completion; one /v1/models to confirm the same model still answers there
+    assert [r.path for r in server.requests] == ["/v1/models"]
 
 
 def test_xdist_workers_share_one_consistent_manifest(project: Project, sim: Any) -> None:
