@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import subprocess
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,8 +19,9 @@ from pytest_modelbench.config.loading import display_path, load_baseline_file
 from pytest_modelbench.config.schema import BaselineEntrySpec
 from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.gating import gates
+from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import RunStore, safe_component
+from pytest_modelbench.store.runstore import RunStore
 
 
 class BaselineBook:
@@ -142,12 +144,21 @@ def _git_revision(path: str | None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+class BaselineWarning(UserWarning):
+    """A baseline was left as it was; the message says why and how to replace it."""
+
+
 def update_baselines(
-    baseline_dir: Path, records: Sequence[Mapping[str, Any]], run_id: str
+    baseline_dir: Path,
+    records: Sequence[Mapping[str, Any]],
+    run_id: str,
+    *,
+    replace: bool = False,
 ) -> list[Path]:
     """Write this run's scores as baselines, one file per model, keeping comments and other entries.
 
-    Several seeds of one variant are averaged (their n summed).
+    Several seeds of one variant are averaged (their n summed). An entry measured on more
+    examples than this run is kept (with a warning) unless ``replace`` (``--mb-replace-baselines``).
     """
     from ruamel.yaml import YAML
 
@@ -172,6 +183,8 @@ def update_baselines(
             if entry is None:
                 entry = {}
                 document[variant] = entry
+            elif _keeps_larger(entry, n, replace, display_path(path), variant):
+                continue
             entry["metric"] = recs[0].get("metric")
             entry["value"] = round(sum(values) / len(values), 6)
             entry.setdefault("margin", 0.0)
@@ -196,3 +209,19 @@ def update_baselines(
         atomic_write_text(path, buffer.getvalue())
         written.append(path)
     return written
+
+
+def _keeps_larger(entry: Mapping[str, Any], n: int, replace: bool, shown: str, key: str) -> bool:
+    """Whether ``entry`` (a curated baseline) was measured on more examples than ``n``: then it
+    is kept, with a warning, unless ``replace``."""
+    old_n = entry.get("n")
+    if replace or not isinstance(old_n, int) or old_n <= n:
+        return False
+    warnings.warn(
+        BaselineWarning(
+            f"{shown}: kept {key!r} (n={old_n}); this run measured only n={n} "
+            f"(--num-examples?). Pass --mb-replace-baselines to replace it anyway"
+        ),
+        stacklevel=3,
+    )
+    return True

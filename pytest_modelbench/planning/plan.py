@@ -16,6 +16,7 @@ from pytest_modelbench.config.modules import missing_name
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.config.schema import EnvVariantSpec, JobFile
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
+from pytest_modelbench.planning.baseline_keys import check_baseline_keys
 from pytest_modelbench.planning.item import Plan, PlannedItem
 
 SMOKE = "smoke"
@@ -233,6 +234,7 @@ def build_plan(
             f"nothing to run: no environment variants{what} in {display_path(config.root / 'envs')} "
             "(add configs/envs/<name>.yaml, or name a built-in suite with --env, e.g. --env gsm8k)"
         )
+    check_baseline_keys(config, items)
     run_name = options.run_name or (job.name if job else "run")
     parent = Path(job.output_dir) if job and job.output_dir else None
     return Plan(items=tuple(items), run_name=run_name, run_parent=parent)

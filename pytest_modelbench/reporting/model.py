@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.files import read_json
-from pytest_modelbench.store.runstore import MANIFEST, RunStore, safe_component
+from pytest_modelbench.store.runstore import MANIFEST, RunStore
 
 LEADERBOARD_JSON = "leaderboard.json"
 _STEP = re.compile(r"^(?P<base>.+)-step(?P<step>\d+)$")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.store.runstore import safe_component
+from pytest_modelbench.names import safe_component
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem

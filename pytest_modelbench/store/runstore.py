@@ -8,8 +8,6 @@ xdist workers (and hosts on a shared filesystem) writing one run directory.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -20,6 +18,7 @@ from typing import Any
 from filelock import FileLock
 
 from pytest_modelbench.errors import ModelbenchUsageError, one_of
+from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.files import (
     StoreWriteError,
     atomic_write_json,
@@ -38,21 +37,6 @@ MANIFEST = "run_manifest.json"
 JOURNAL = "results.jsonl"
 SUMMARY = "summary.json"
 METADATA = "metadata.json"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
-_MAX_COMPONENT = 120
-
-
-def safe_component(name: str) -> str:
-    """``name`` as one path component, exactly: unchanged when it is already safe (letters,
-    digits, ``._+=-``; not empty, not starting or ending with a dot; at most 120 characters),
-    else a readable part, ``~`` and a hash of the whole name. ``~`` never occurs in an unchanged
-    name, so two different names never share a component (``med:x`` vs ``med_x``, long ids that
-    differ only at the end, non-ASCII ids)."""
-    cleaned = _UNSAFE.sub("_", name).strip(".")
-    if cleaned == name and 0 < len(name) <= _MAX_COMPONENT:
-        return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return f"{(cleaned or '_')[: _MAX_COMPONENT - len(digest) - 1]}~{digest}"
 
 
 @dataclass(frozen=True)

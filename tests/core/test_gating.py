@@ -77,11 +77,15 @@ def test_require_baseline(gated: tuple[Project, Any]) -> None:
 
 def test_update_baselines_round_trip_keeps_comments(gated: tuple[Project, Any]) -> None:
     project, _ = gated
+    # another configured environment (a baseline entry must name one), not run here
+    project.env("other-env", [{"id": "other-env", "module": "jsonl", "env_args": {"path": "x"}}])
     baseline(
         project,
         "# hand-written notes stay\nother-env:  # and this one\n  value: 0.5\n  source: paper\n",
     )
-    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--update-baselines")
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--env", "qa", "--update-baselines"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["baselines written: *alpha.yaml"])
     text = (project.root / "configs" / "baselines" / "alpha.yaml").read_text()
@@ -96,7 +100,7 @@ def test_update_baselines_round_trip_keeps_comments(gated: tuple[Project, Any]) 
         and entry["stderr"] > 0
         and entry["run_id"].startswith("run-")
     )
-    result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--env", "qa")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["alpha*qa*0.000*pass (from store)"])
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.store.runstore import safe_component
+from pytest_modelbench.names import safe_component
 from tests.conftest import Project, configure, manifest
 
 
