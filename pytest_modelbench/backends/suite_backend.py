@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.suites.contract import Example, Suite, SuiteArgumentError, aggregate_extra
 
@@ -63,12 +63,16 @@ class SuiteBackend:
         return int(self.suite.tokens_per_example)
 
     def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
-        # the HTTP client is imported only when an item runs, not at collection
         import asyncio
 
         # lazily: the HTTP client loads only when an item runs (pytest start-up)
         from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
-        from pytest_modelbench.running.runner import LoopSettings, run_loop, work_units
+        from pytest_modelbench.running.runner import (
+            EndpointGone,
+            LoopSettings,
+            run_loop,
+            work_units,
+        )
 
         item = ctx.item
         examples = self.examples(item)
@@ -113,6 +117,12 @@ class SuiteBackend:
         journal.open()
         try:
             loop_stats = asyncio.run(main()) if total > len(done) else None
+        except EndpointGone as exc:
+            kept = sum(1 for row in journal.latest(wanted) if not row.get("error"))
+            raise EvaluationError(
+                f"{item.item_id}: {exc}; stopped the item. {kept} of {total} examples are kept; "
+                "re-running the same command continues with the rest"
+            ) from None
         finally:
             journal.close()
             ctx.progress.finish()

@@ -79,6 +79,10 @@ class EndpointUnavailable(Exception):
     """Pre-flight failed: the endpoint is unreachable or does not serve the model."""
 
 
+DEAD_AFTER_FAILURES = 8  # connections that could not be opened, in a row ...
+DEAD_AFTER_S = 2.0  # ... with no answer from the endpoint for this long
+
+
 class _Retryable(Exception):
     def __init__(self, reason: str, retry_after: float | None = None) -> None:
         super().__init__(reason)
@@ -89,10 +93,11 @@ class _Retryable(Exception):
 class _Broken(Exception):
     """The connection failed (``reason``: what broke; ``detail``: the exception, if any)."""
 
-    def __init__(self, reason: str, *, detail: str = "") -> None:
+    def __init__(self, reason: str, *, detail: str = "", connect: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason  # short and stable: retry reasons are counted by it
         self.detail = detail or reason
+        self.connect = connect  # no connection could be opened (nothing reached the server)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -180,10 +185,10 @@ class _Pool:
                 ),
             )
         except asyncio.TimeoutError:
-            raise _Broken(f"connect timed out after {CONNECT_TIMEOUT_S:g}s") from None
+            raise _Broken(f"connect timed out after {CONNECT_TIMEOUT_S:g}s", connect=True) from None
         except (OSError, ssl.SSLError) as exc:
             name = type(exc).__name__
-            raise _Broken(name, detail=f"{name}: {exc}") from None
+            raise _Broken(name, detail=f"{name}: {exc}", connect=True) from None
 
     async def exchange(self, head: str, body: bytes | None) -> Response:
         """Send one request and read its response, on an idle connection or a new one.
@@ -324,6 +329,9 @@ class OpenAIClient:
             raise ValueError("at least one base URL is required")
         self.base_urls = [url.rstrip("/") for url in base_urls]
         self.model_cards: dict[str, dict[str, Any]] = {}  # base URL -> /models entry (preflight)
+        self.dead: str | None = None  # why the endpoint is considered gone (see _connect_failed)
+        self._connect_failures = 0
+        self._last_answer = time.monotonic()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -390,6 +398,19 @@ class OpenAIClient:
             return self.base_urls[0]
         return min(self.base_urls, key=self._outstanding.__getitem__)
 
+    def _connect_failed(self, base: str, exc: _Broken) -> None:
+        """Count connections that could not be opened, across requests: many in a row, with
+        no answer for a while, mean the endpoint is gone (a dead server), so every request in
+        flight stops at once instead of spending its retries on it."""
+        self._connect_failures += 1
+        quiet = time.monotonic() - self._last_answer
+        if self._connect_failures >= DEAD_AFTER_FAILURES and quiet >= DEAD_AFTER_S:
+            self.dead = (
+                f"endpoint {base} is not accepting connections ({exc.detail}; "
+                f"{self._connect_failures} failed connection attempts in a row, no answer for "
+                f"{quiet:.0f} s)"
+            )
+
     async def _once(self, path: str, body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
         base = self._pick()
         self._outstanding[base] += 1
@@ -398,9 +419,13 @@ class OpenAIClient:
         except asyncio.TimeoutError:
             raise _Retryable(f"timeout after {self.timeout_s:g}s") from None
         except _Broken as exc:
+            if exc.connect:
+                self._connect_failed(base, exc)
             raise _Retryable(f"connection error: {exc.reason}") from None
         finally:
             self._outstanding[base] -= 1
+        self._connect_failures = 0
+        self._last_answer = time.monotonic()
         status = response.status
         if status != 200:
             if status in RETRY_STATUSES or status >= 500:
@@ -427,6 +452,8 @@ class OpenAIClient:
         attempt = 0
         while True:
             attempt += 1
+            if self.dead is not None:  # the endpoint stopped taking connections: stop asking
+                raise RequestFailed(self.dead, max(1, attempt - 1), reasons)
             try:
                 data, choice = await self._once(path, body)
             except _Retryable as exc:

@@ -29,6 +29,10 @@ def request_seed(item_seed: int, example_id: str, rollout: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+class EndpointGone(Exception):
+    """The endpoint stopped accepting connections mid-item; finished examples are journalled."""
+
+
 @dataclass
 class LoopStats:
     """Counters of one evaluation loop (what this process did, not what the journal holds)."""
@@ -143,6 +147,8 @@ async def run_loop(
 
     async def worker() -> None:
         for example, rollout in units:  # shared iterator: each unit is taken exactly once
+            if client.dead is not None:
+                return  # the endpoint is gone: leave the rest for the next run
             await one(example, rollout)
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, settings.max_concurrent))]
@@ -152,6 +158,8 @@ async def run_loop(
         for task in workers:
             task.cancel()
         stats.wall_s = time.perf_counter() - started
+    if client.dead is not None:
+        raise EndpointGone(client.dead)
     return stats
 
 

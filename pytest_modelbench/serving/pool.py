@@ -142,14 +142,25 @@ class ServerPool:
         count = self._restarts.get(model, 0)
         if count >= MAX_RESTARTS:
             raise EvaluationError(
-                f"the {model} server died again after a restart; see its log in "
-                f"{self.run_dir / 'servers'} (finished examples are kept; re-run to continue)"
+                f"the {model} server died again after a restart (finished examples are kept; "
+                f"re-run to continue). {self._log_excerpt()}"
             )
         self._restarts[model] = count + 1
         try:
             self._server.restart()
         except ServingError as exc:
             raise EvaluationError(f"{model}: restart after a crash failed: {exc}") from None
+
+    def _log_excerpt(self) -> str:
+        """The dead server's log path and last lines, which say why it died."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.process import log_tail
+
+        path = getattr(self._server, "log_path", None)
+        if path is None:
+            return f"See its log in {self.run_dir / 'servers'}"
+        tail = "\n".join("    " + line for line in log_tail(path).splitlines()) or "    (empty)"
+        return f"Its log: {path}, last lines:\n{tail}"
 
     def recover(self, item: PlannedItem) -> bool:
         """After a failed item: True when its server had died and was restarted (retry the item)."""
