@@ -123,6 +123,42 @@ def _error_text(body: bytes) -> str:
         return redact(body[:300].decode("utf-8", "replace"))
 
 
+def _choice_text(choice: Mapping[str, Any], *, chat: bool) -> str:
+    """The text of a choice, from any shape a server may send: ``message.content`` as a string
+    or as a list of content parts (``{"type": "text", "text": ...}``), a bare string
+    ``message``, or ``text`` for completions."""
+    if not chat:
+        return _part_text(choice.get("text"))
+    message = choice.get("message")
+    if isinstance(message, dict):
+        return _part_text(message.get("content"))
+    return _part_text(message)
+
+
+def _part_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_part_text(p.get("text") if isinstance(p, dict) else p) for p in content)
+    return str(content)
+
+
+def _count(value: Any) -> int | None:
+    """A token count as the server sent it (a number, or a numeric string), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (float, str)):
+        try:
+            return int(float(value))
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
 async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
     """``awaitable``, cancelled with :class:`asyncio.TimeoutError` after ``seconds``."""
     if sys.version_info >= (3, 11):
@@ -475,17 +511,13 @@ class OpenAIClient:
                 exc.attempts = attempt
                 exc.retry_reasons = reasons
                 raise
-            if path.endswith("chat/completions"):
-                message = choice.get("message") or {}
-                text = message.get("content") or ""
-            else:
-                text = choice.get("text") or ""
-            usage = data.get("usage") or {}
+            usage = data.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
             return Completion(
-                text=str(text),
+                text=_choice_text(choice, chat=path.endswith("chat/completions")),
                 finish_reason=str(choice.get("finish_reason") or "") or None,
-                prompt_tokens=usage.get("prompt_tokens"),
-                completion_tokens=usage.get("completion_tokens"),
+                prompt_tokens=_count(usage.get("prompt_tokens")),
+                completion_tokens=_count(usage.get("completion_tokens")),
                 latency_s=time.perf_counter() - started,
                 attempts=attempt,
                 retry_reasons=reasons,
