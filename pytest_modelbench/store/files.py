@@ -27,6 +27,28 @@ class StoreWriteError(OSError):
     """Writing to the run store failed (disk full, I/O error); names the file."""
 
 
+def _umask_at_import() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK_AT_IMPORT = _umask_at_import()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (``/proc/self/status`` on Linux; else the
+    umask when this module was imported), so writes from other threads never see it altered."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _UMASK_AT_IMPORT
+
+
 def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
     """Write ``text`` to ``path`` so readers see the old or the new file, never a torn one.
 
@@ -36,6 +58,7 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would: teammates can read reports
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(redact(text))
             handle.flush()
