@@ -57,6 +57,7 @@ def _read_cached(file: tuple[str, int, int], shown: str, q_field: str, a_field: 
     ids: list[str] = []
     questions: list[str] = []
     answers: list[str] = []
+    first_line: dict[str, int] = {}
     try:
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
@@ -83,6 +84,12 @@ def _read_cached(file: tuple[str, int, int], shown: str, q_field: str, a_field: 
                         f"{shown}: row {row_id!r} lacks {q_field!r} or {a_field!r} "
                         "(set env_args.question_field / answer_field)"
                     )
+                if row_id in first_line:
+                    raise SuiteArgumentError(
+                        f"{shown}: line {number}: id {row_id!r} is also on line "
+                        f"{first_line[row_id]}; ids must be unique (results are kept per id)"
+                    )
+                first_line[row_id] = number
                 ids.append(row_id)
                 questions.append(f"{row[q_field]}")
                 answers.append(str(row[a_field]))
