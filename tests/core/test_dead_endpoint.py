@@ -40,3 +40,6 @@ def test_an_endpoint_that_dies_stops_the_item_and_the_rerun_continues(
     again.assert_outcomes(passed=1)
     asked = [r for r in revived.requests if r.path.endswith("completions")]
     assert len(asked) == N - len(answered)
+    # the finished item's journal holds one line per example (the failed tries are gone)
+    lines = (run_dir / "alpha-qa-seed0" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == N and len({json.loads(line)["example_id"] for line in lines}) == N
