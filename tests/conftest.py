@@ -5,7 +5,10 @@ directory (``Project``/``project``), simulated servers (``sim``, the shipped ``m
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import shutil
+import ssl
+import subprocess
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +150,45 @@ def rows(item_dir: Path) -> list[dict[str, Any]]:
 def manifest(run_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((run_dir / "run_manifest.json").read_text())
     return data
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost: (cert, key)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl command is not installed")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture
+def tls_server_context(certificate: tuple[Path, Path]) -> Iterator[ssl.SSLContext]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    yield context

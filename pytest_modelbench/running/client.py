@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from pytest_modelbench.running.proxies import Proxy, proxy_for
 from pytest_modelbench.secrets import redact
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -194,6 +195,10 @@ class _Pool:
             f"{name}: {value}\r\n"
             for name, value in {"Host": netloc, "User-Agent": USER_AGENT, **headers}.items()
         )
+        self.netloc = netloc
+        self.proxy = proxy_for(base_url)
+        if self.proxy is not None and self.proxy.authorization and not self.tls:
+            self._fixed += f"Proxy-Authorization: {self.proxy.authorization}\r\n"
         self._heads: dict[tuple[str, str], str] = {}
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._max_idle = max(1, max_idle)
@@ -204,13 +209,18 @@ class _Pool:
         key = (method, path)
         head = self._heads.get(key)
         if head is None:
-            head = self._heads[key] = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._fixed}"
+            # through an HTTP proxy, an http:// request names its whole URL (absolute form)
+            origin = f"http://{self.netloc}" if self.proxy is not None and not self.tls else ""
+            target = f"{origin}{self.prefix}{path}"
+            head = self._heads[key] = f"{method} {target} HTTP/1.1\r\n{self._fixed}"
         return head
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         try:
+            if self.proxy is not None:
+                return await _within(CONNECT_TIMEOUT_S, self._through_proxy(self.proxy))
             return await _within(
                 CONNECT_TIMEOUT_S,
                 asyncio.open_connection(
@@ -225,6 +235,45 @@ class _Pool:
         except (OSError, ssl.SSLError) as exc:
             name = type(exc).__name__
             raise _Broken(name, detail=f"{name}: {exc}", connect=True) from None
+
+    async def _through_proxy(
+        self, proxy: Proxy
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the proxy; for https a ``CONNECT`` tunnel with TLS to the endpoint
+        inside it (the proxy sees only where the bytes go, never the request)."""
+        reader, writer = await asyncio.open_connection(
+            proxy.host, proxy.port, limit=MAX_HEADER_BYTES
+        )
+        if not self.tls:
+            return reader, writer
+        auth = f"Proxy-Authorization: {proxy.authorization}\r\n" if proxy.authorization else ""
+        writer.write(
+            f"CONNECT {self.netloc_with_port} HTTP/1.1\r\nHost: {self.netloc_with_port}\r\n"
+            f"{auth}\r\n".encode()
+        )
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.close()
+            raise _Broken(
+                f"proxy {proxy.host}:{proxy.port} closed the CONNECT tunnel", connect=True
+            ) from None
+        status = head.split(b" ", 2)[1:2]
+        if status != [b"200"]:
+            writer.close()
+            line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            raise _Broken(f"proxy {proxy.host}:{proxy.port} refused CONNECT: {line}", connect=True)
+        assert self._ssl is not None
+        if sys.version_info < (3, 11):
+            writer.close()
+            raise _Broken("https through a proxy needs Python 3.11 or newer", connect=True)
+        await writer.start_tls(self._ssl, server_hostname=self.host)
+        return reader, writer
+
+    @property
+    def netloc_with_port(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
     async def exchange(self, head: str, body: bytes | None) -> Response:
         """Send one request and read its response, on an idle connection or a new one.
