@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 from pytest_modelbench.planning.item import PlannedItem
@@ -13,13 +15,18 @@ from pytest_modelbench.store.runstore import ItemStore
 
 @dataclass(frozen=True)
 class ItemContext:
-    """What a backend needs to evaluate one item."""
+    """What a backend needs to evaluate one item. The endpoint is resolved on first use, so an
+    item whose journal already holds every example starts no server and sends nothing."""
 
     item: PlannedItem
-    endpoint: Endpoint
+    resolve_endpoint: Callable[[], Endpoint]
     store: ItemStore
     error_budget: float
     progress: ProgressSink
+
+    @cached_property
+    def endpoint(self) -> Endpoint:
+        return self.resolve_endpoint()
 
 
 class Backend(Protocol):

@@ -386,6 +386,8 @@ class SolutionsBackend:
 class SolutionsOrSuite:
     """A suite's backend that scores solution files instead when the item's model has them."""
 
+    selects_by_example = True  # both keep results per example
+
     def __init__(self, suites: SuiteBackend) -> None:
         self.suites = suites
         self.solutions = SolutionsBackend(suites)

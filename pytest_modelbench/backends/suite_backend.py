@@ -20,6 +20,8 @@ SCORER_VERSION = 1
 class SuiteBackend:
     """Evaluates a suite's examples through the async runner against the item's endpoint."""
 
+    selects_by_example = True  # results are kept per example: --num-examples picks a prefix
+
     def __init__(self, suite: Suite) -> None:
         self.suite = suite
         self.name = suite.name
@@ -49,11 +51,11 @@ class SuiteBackend:
         return metric
 
     def fingerprint_parts(self, item: PlannedItem) -> dict[str, Any]:
-        examples = self.examples(item)  # loads data, so the checksum is known
+        self.examples(item)  # loads data, so the checksum is known
+        # not the number of examples: results are kept per example (--num-examples reuses them)
         return {
             "data": self.suite.data_checksum(),
             "scorer": f"{self.suite.name}/{getattr(self.suite, 'version', SCORER_VERSION)}",
-            "example_ids": len(examples),
         }
 
     def count_examples(self, item: PlannedItem) -> int:
@@ -86,15 +88,15 @@ class SuiteBackend:
         done = journal.finished_keys()
         total = len(examples) * rollouts
         ctx.progress.start(item.item_id, total, len(done))
-        settings = LoopSettings(
-            api=ctx.endpoint.api,
-            model=ctx.endpoint.served_model,
-            sampling_args=item.sampling_args(),
-            seed=item.seed,
-            max_concurrent=item.model.max_concurrent,
-        )
 
         async def main() -> Any:
+            settings = LoopSettings(
+                api=ctx.endpoint.api,
+                model=ctx.endpoint.served_model,
+                sampling_args=item.sampling_args(),
+                seed=item.seed,
+                max_concurrent=item.model.max_concurrent,
+            )
             async with OpenAIClient(
                 ctx.endpoint.base_urls,
                 api_key=ctx.endpoint.api_key,

@@ -64,7 +64,10 @@ def fingerprint_parts(item: PlannedItem, backend: Backend) -> dict[str, Any]:
         "env_args": dict(item.variant.env_args),
         "backend": backend.fingerprint_parts(item),
         "seed": item.seed,
-        "num_examples": item.num_examples,
+        # a backend that keeps results per example reuses them whatever --num-examples says
+        "num_examples": None
+        if getattr(backend, "selects_by_example", False)
+        else item.num_examples,
         "rollouts_per_example": item.variant.rollouts_per_example,
     }
 
@@ -264,6 +267,7 @@ class ItemEvaluator:
             metadata=item_store.read_metadata(),
             summary=summary,
             journal_exists=journal_exists,
+            num_examples=item.num_examples,
         )
         reason = decision.reason
         if decision.action is Reuse.STORED:
@@ -294,11 +298,10 @@ class ItemEvaluator:
         item_store.journal.repair()  # a crash may have torn the last line
         started = time.time()
         try:
-            endpoint = self.endpoints.endpoint_for(item)
             summary = backend.evaluate(
                 ItemContext(
                     item=item,
-                    endpoint=endpoint,
+                    resolve_endpoint=lambda: self.endpoints.endpoint_for(item),
                     store=item_store,
                     error_budget=self.options.error_budget,
                     progress=self.progress,
@@ -311,6 +314,7 @@ class ItemEvaluator:
         seconds, estimated = _whole_item_seconds(wall, summary)
         over_budget = summary["error_rate"] > self.options.error_budget
         summary.update(
+            num_examples=item.num_examples,
             item_id=item.item_id,
             fingerprint=fingerprint,
             primary_metric=metric,

@@ -40,8 +40,11 @@ def decide(
     metadata: Mapping[str, Any] | None,
     summary: Mapping[str, Any] | None,
     journal_exists: bool,
+    num_examples: int | None = None,
 ) -> Decision:
-    """What to do with an item whose store holds ``metadata``/``summary``/a journal."""
+    """What to do with an item whose store holds ``metadata``/``summary``/a journal. A finished
+    summary of another ``--num-examples`` is resumed: the journal answers the examples it holds,
+    only missing ones are requested, and the summary covers exactly the selected examples."""
     if force:
         return Decision(Reuse.RECOMPUTE, "--force")
     if metadata is not None and metadata.get("fingerprint") != fingerprint:
@@ -51,6 +54,7 @@ def decide(
         summary
         and summary.get("status") == "finished"
         and summary.get("fingerprint") == fingerprint
+        and summary.get("num_examples", num_examples) == num_examples
     ):
         return Decision(Reuse.STORED)
     if metadata is None:

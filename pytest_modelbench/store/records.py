@@ -85,6 +85,7 @@ class ItemSummary(TypedDict, total=False):
     wall_s: float  # this session's wall time
     duration_estimated: bool  # duration_s was scaled from a partial run
     finished_at: str  # local time, ISO 8601
+    num_examples: int  # the --num-examples cap the summary covers (-1 = all)
 
 
 @dataclass(frozen=True)
