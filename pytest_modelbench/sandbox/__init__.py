@@ -1,14 +1,17 @@
 """A sandbox for model-generated code: separate process, limits, no network, no secrets.
 
-See :mod:`pytest_modelbench.sandbox.host` (spawning, timeouts, verdicts) and
+See :mod:`pytest_modelbench.sandbox.host` (spawning, timeouts, verdicts),
 :mod:`pytest_modelbench.sandbox.launcher` (the isolation steps, best effort
-per host and reported in :attr:`ExecutionResult.isolation`).
+per host and reported in :attr:`ExecutionResult.isolation`) and
+:mod:`pytest_modelbench.sandbox.judge` (tests run outside the program's
+process, so its verdict cannot be forged).
 """
 
 from __future__ import annotations
 
 from pytest_modelbench.sandbox.host import (
     ExecutionResult,
+    HiddenTests,
     Sandbox,
     SandboxLimits,
     Status,
@@ -19,6 +22,7 @@ from pytest_modelbench.sandbox.host import (
 
 __all__ = [
     "ExecutionResult",
+    "HiddenTests",
     "Sandbox",
     "SandboxLimits",
     "Status",

@@ -1,9 +1,10 @@
 """Child side of the sandbox: isolate this process, then run one untrusted program.
 
-Run as ``python -I -B launcher.py CONFIG_JSON`` by :mod:`pytest_modelbench.sandbox.host`,
-never imported by the plugin. Standard library only. Every isolation step is
-best effort and recorded in the report (a JSON-lines file descriptor the host
-passed in), so the host knows exactly what held:
+Run in a fresh ``python -I -B`` by :mod:`pytest_modelbench.sandbox.boot` for
+:mod:`pytest_modelbench.sandbox.host`. Standard library only (and the
+stdlib-only siblings ``candidate``, ``judge`` and ``wire``). Every isolation step is
+best effort and recorded in the report (JSON lines on a socket the host passed
+in), so the host knows exactly what held:
 
 1. join the host-made pids cgroup (process-count limit that also binds root);
 2. ``unshare`` user + mount + network + PID namespaces (Linux, where permitted);
@@ -13,23 +14,30 @@ passed in), so the host knows exactly what held:
 4. the worker sets rlimits (CPU, address space, file size, open files, process
    count), drops every capability, installs a Python audit hook (no sockets, no
    writes outside the working directory, no ``ctypes``; no process spawning when
-   neither a cgroup nor ``RLIMIT_NPROC`` can bound it), then runs the program.
+   neither a cgroup nor ``RLIMIT_NPROC`` can bound it), closes every descriptor
+   but stdio, then runs the program.
+
+Plain runs report the program's exit. Judged runs (``config["judged"]``) turn
+PID 1 into :mod:`pytest_modelbench.sandbox.judge`: it forks the program's
+process first, then reads the tests from the host, runs them against the
+program over two pipes and reports the verdict. The launcher and the judge are
+non-dumpable; only the program's process is made dumpable again.
 """
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import ctypes
 import json
 import os
 import re
+import signal
 import stat
 import sys
-import traceback
-import types
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+
+from pytest_modelbench.sandbox import candidate, judge, wire
 
 SETUP_FAILED = 199  # exit code when the launcher itself cannot run the program
 
@@ -60,6 +68,7 @@ KEPT_FLAGS = {
     4096: MS_RELATIME,
 }
 
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -105,6 +114,7 @@ NETWORK_EVENTS = {
     "socket.gethostbyname",
     "socket.gethostbyaddr",
 }
+MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far lower)
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
 
@@ -234,6 +244,14 @@ def drop_capabilities() -> bool:
     return int(effective.split()[1], 16) == 0
 
 
+def set_dumpable(dumpable: bool) -> bool:
+    """A non-dumpable process cannot be ptraced, and its ``/proc/PID/{mem,fd,environ}``
+    stay closed to any process without ``CAP_SYS_PTRACE`` (the program has none)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return bool(_libc().prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) == 0)
+
+
 def _count_processes(uid: int) -> int:
     count = 0
     for entry in os.listdir("/proc"):
@@ -246,28 +264,38 @@ def _count_processes(uid: int) -> int:
     return count
 
 
+def _setrlimit(which: int, value: int, hard: int | None = None) -> None:
+    import resource  # function-level: Unix only, and only the processes that set limits need it
+
+    _, hard_now = resource.getrlimit(which)
+    hard = value if hard is None else hard
+    if hard_now != resource.RLIM_INFINITY:
+        hard = min(hard, hard_now)
+    resource.setrlimit(which, (min(value, hard), hard))
+
+
+def set_process_limits(limits: dict[str, int]) -> None:
+    """CPU time, address space, file size, open files, no core dumps."""
+    import resource  # function-level: Unix only
+
+    _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
+    _setrlimit(resource.RLIMIT_AS, limits["memory_bytes"])
+    _setrlimit(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
+    _setrlimit(resource.RLIMIT_NOFILE, limits["open_files"])
+    _setrlimit(resource.RLIMIT_CORE, 0)
+
+
 def set_limits(limits: dict[str, int], host_uid: int, iso: dict[str, Any]) -> str:
     """Apply rlimits; return how the process count is bounded (cgroup/rlimit/guard)."""
-    import resource
+    import resource  # function-level: Unix only
 
-    def setl(which: int, value: int, hard: int | None = None) -> None:
-        _, hard_now = resource.getrlimit(which)
-        hard = value if hard is None else hard
-        if hard_now != resource.RLIM_INFINITY:
-            hard = min(hard, hard_now)
-        resource.setrlimit(which, (min(value, hard), hard))
-
-    setl(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
-    setl(resource.RLIMIT_AS, limits["memory_bytes"])
-    setl(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
-    setl(resource.RLIMIT_NOFILE, limits["open_files"])
-    setl(resource.RLIMIT_CORE, 0)
+    set_process_limits(limits)
     if iso.get("cgroup"):
         return "cgroup"
     if host_uid == 0:
         return "guard"  # RLIMIT_NPROC never binds uid 0, even inside a user namespace
     own = 0 if iso.get("userns") else _count_processes(host_uid)
-    setl(resource.RLIMIT_NPROC, own + limits["max_processes"])
+    _setrlimit(resource.RLIMIT_NPROC, own + limits["max_processes"])
     return "rlimit"
 
 
@@ -327,30 +355,6 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
     return hook
 
 
-def run_program(path: str) -> None:
-    """Execute the program as ``__main__`` and exit like ``python program.py`` would."""
-    with open(path, encoding="utf-8") as handle:
-        source = handle.read()
-    module = types.ModuleType("__main__")
-    module.__file__ = path
-    module.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = module
-    sys.argv = [path]
-    sys.path.insert(0, os.path.dirname(path))
-    try:
-        code = compile(source, path, "exec")
-        exec(code, module.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as error:  # the program's own failure: print it like Python does
-        tb = error.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != path:
-            tb = tb.tb_next
-        traceback.print_exception(type(error), error, tb)
-        sys.stderr.flush()
-        sys.exit(1)
-
-
 def _report(fd: int, record: dict[str, Any]) -> None:
     os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
 
@@ -361,18 +365,20 @@ def _exit_record(status: int) -> dict[str, int]:
     return {"code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED}
 
 
-def _exit_code(error: SystemExit) -> int:
-    if error.code is None:
-        return 0
-    if isinstance(error.code, int):
-        return error.code & 0xFF
-    print(error.code, file=sys.stderr)
-    return 1
+def _close_descriptors(keep: tuple[int, ...]) -> None:
+    """Close every descriptor but stdio and ``keep``: the socket to the host above all."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, MAX_FD)
 
 
-def worker(config: dict[str, Any], iso: dict[str, Any]) -> None:
-    """The process that becomes the program (never returns)."""
-    fd = config["report_fd"]
+def confine(
+    config: dict[str, Any], iso: dict[str, Any], keep: tuple[int, ...] = ()
+) -> Callable[..., None]:
+    """Limits, no capabilities, the isolation report, no inherited descriptors, dumpable
+    again (this is the untrusted process); the audit hook to install last."""
     try:
         nproc = set_limits(config["limits"], config["host_uid"], iso)
         iso["nproc"] = nproc
@@ -384,21 +390,66 @@ def worker(config: dict[str, Any], iso: dict[str, Any]) -> None:
             spawn=fork and (bool(iso.get("netns")) or config["network"]),
             fork=fork,
         )
-        _report(fd, {"isolation": iso})
-        os.close(fd)
+        _report(config["report_fd"], {"isolation": iso})
+        _close_descriptors(keep)
+        set_dumpable(True)
     except Exception as error:  # setup failed: the program must not run unconfined
         print(f"modelbench sandbox setup failed: {error!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
-    sys.addaudithook(hook)
+    return hook
+
+
+def worker(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
+    """The process that becomes the program of a plain run (never returns)."""
+    sys.addaudithook(confine(config, iso))
     try:
-        run_program(os.path.join(config["workdir"], config["program"]))
+        candidate.run_program(os.path.join(config["workdir"], config["program"]))
         code = 0
     except SystemExit as error:
-        code = _exit_code(error)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a broken stream must not change the verdict
-            stream.flush()
-    os._exit(code)
+        code = candidate.exit_code(error)
+    candidate.finish(code)
+
+
+def _stop(pid: int, grace: float = 1.0) -> dict[str, int]:
+    """The exit record of the program's process, which should end once its input ends;
+    after ``grace`` seconds it is killed and the record says ``stopped``."""
+    deadline = time.monotonic() + grace
+    delay = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return _exit_record(status)
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return {"stopped": 1}
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
+    """PID 1 of a judged run: fork the program's process, judge it, report the verdict."""
+    down_read, down_write = os.pipe()  # judge -> program
+    up_read, up_write = os.pipe()  # program -> judge
+    child = os.fork()
+    if child == 0:  # the program's process: confined like worker(), the pipes its only descriptors
+        os.close(down_write)
+        os.close(up_read)
+        sys.addaudithook(confine(config, iso, keep=(down_read, up_write)))
+        path = os.path.join(config["workdir"], config["program"])
+        candidate.serve(wire.Channel(down_read, up_write), path)
+    os.close(down_read)
+    os.close(up_write)
+    fd = config["report_fd"]
+    try:
+        request = wire.Channel(fd, fd).receive()  # only now: the program's memory never held it
+        set_process_limits(config["limits"])
+        verdict = judge.run(request, judge.Program(wire.Channel(up_read, down_write)))
+    except Exception as error:  # a malformed request, the judge's own failure: never a pass
+        verdict = {"total": 0, "passed": 0, "failure": f"the judge failed: {error!r}", "calls": 0}
+    os.close(down_write)  # the program's process sees the end of its input and exits
+    _report(fd, {"verdict": verdict, "exit": _stop(child)})
+    os._exit(0)
 
 
 def init(config: dict[str, Any], iso: dict[str, Any]) -> None:
@@ -410,6 +461,8 @@ def init(config: dict[str, Any], iso: dict[str, Any]) -> None:
         except OSError as error:
             iso["readonly_fs"] = False
             iso["mount_error"] = str(error)
+    if config.get("judged"):
+        init_judged(config, iso)
     child = os.fork()
     if child == 0:
         worker(config, iso)
@@ -422,6 +475,7 @@ def init(config: dict[str, Any], iso: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    """Entry point of the launcher process (run by :mod:`pytest_modelbench.sandbox.boot`)."""
     config: dict[str, Any] = json.loads(sys.argv[1])
     iso: dict[str, Any] = {"cgroup": False}
     if config.get("cgroup_procs"):
@@ -435,15 +489,13 @@ def main() -> None:
             iso.update(unshare_namespaces(config["network"]))
         except OSError as error:
             iso["namespaces"] = str(error)
+    set_dumpable(False)  # only now: writing the user namespace's maps needs a dumpable process
     child = os.fork()  # after CLONE_NEWPID only children enter the new namespace
     if child == 0:
         try:
             init(config, iso)
         finally:
             os._exit(SETUP_FAILED)
+    os.close(config["report_fd"])  # PID 1 reports; this process must not hold the socket
     _, status = os.waitpid(child, 0)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,20 +1,22 @@
 """Code-generation suites: HumanEval (164) and MBPP (500), run in the sandbox.
 
 The reply's code (the fenced block that defines the function, or a raw
-completion of the prompt) is joined with the benchmark's tests and executed
-by :mod:`pytest_modelbench.sandbox`. ``pass@1`` is per completion; with
-``rollouts_per_example > 1`` :meth:`CodeSuite.aggregate` adds the unbiased
-``pass@k`` estimator of Chen et al. (2021) for every k up to the rollouts.
+completion of the prompt) runs in :mod:`pytest_modelbench.sandbox`, and the
+benchmark's tests are run against it by the sandbox's judge, in a process the
+code cannot reach (a program that exits early, prints what a passing run
+prints or returns an object equal to everything fails). ``pass@1`` is per
+completion; with ``rollouts_per_example > 1`` :meth:`CodeSuite.aggregate` adds
+the unbiased ``pass@k`` estimator of Chen et al. (2021) for every k up to the
+rollouts.
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_modelbench.sandbox import SandboxLimits, default_sandbox
+from pytest_modelbench.sandbox import HiddenTests, SandboxLimits, default_sandbox
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
 from pytest_modelbench.suites.contract import Example, Score
@@ -57,25 +59,27 @@ class CodeSuite(BuiltinSuite):
     blocking_score = True
 
     def score(self, example: Example, completion: str) -> Score:
-        program, code = self.program_and_code(example, completion)
+        program, tests, code = self.program_and_tests(example, completion)
         seconds = int(example.gold.get("timeout", 10))
         limits = SandboxLimits(cpu_seconds=seconds, wall_seconds=2.0 * seconds + 5.0)
-        # the tests must run to the end: exit(0) before them is a known reward hack
-        nonce = uuid.uuid4().hex
-        result = default_sandbox().run(f"{program}\nprint({nonce!r})\n", limits=limits)
+        result = default_sandbox().run_tests(program, tests, limits=limits)
         detail = result.to_json()
         detail.pop("stdout_tail", None)
-        passed = result.passed and nonce in result.stdout_tail
-        if result.passed and not passed:
-            detail.update(status="failed", reason="the program exited before its tests finished")
         return Score(
-            metrics={"pass@1": float(passed)},
+            metrics={"pass@1": float(result.passed)},
             extracted=code[:MAX_EXTRACTED_CHARS],
             detail=detail,
         )
 
+    def program_and_tests(self, example: Example, completion: str) -> tuple[str, HiddenTests, str]:
+        """The program (the reply's code and what it needs), the benchmark's tests the
+        judge runs against it, and the code read from the completion."""
+        raise NotImplementedError
+
     def program_and_code(self, example: Example, completion: str) -> tuple[str, str]:
-        """The program to execute and the code read from the completion."""
+        """One self-contained program (code and tests, for :meth:`Sandbox.run`, whose
+        exit code the program controls: scoring uses :meth:`program_and_tests`) and the
+        code read from the completion."""
         raise NotImplementedError
 
     def aggregate(
@@ -126,7 +130,7 @@ class HumanEval(CodeSuite):
             )
         return examples
 
-    def program_and_code(self, example: Example, completion: str) -> tuple[str, str]:
+    def program_and_tests(self, example: Example, completion: str) -> tuple[str, HiddenTests, str]:
         gold = example.gold
         entry = str(gold["entry_point"])
         code = extract_code(completion, entry)
@@ -135,7 +139,17 @@ class HumanEval(CodeSuite):
             body = f"{gold['prompt']}    pass\n\n{code}"
         else:  # a continuation of the prompt (completions endpoint)
             body = f"{gold['prompt']}{code}"
-        return f"{body}\n\n{gold['test']}\n\ncheck({entry})\n", code
+        # the judge runs the prompt too: its helpers (poly, encode_cyclic) stay the dataset's
+        tests = HiddenTests(
+            cases=(f"check({entry})",),
+            prelude=f"{gold['prompt']}\n\n{gold['test']}\n",
+            bind=(entry,),
+        )
+        return body, tests, code
+
+    def program_and_code(self, example: Example, completion: str) -> tuple[str, str]:
+        body, tests, code = self.program_and_tests(example, completion)
+        return f"{body}\n\n{example.gold['test']}\n\n{tests.cases[0]}\n", code
 
     def reference_completion(self, example: Example) -> str:
         record = self.record(example)
@@ -197,11 +211,19 @@ class MBPP(CodeSuite):
             )
         return examples
 
-    def program_and_code(self, example: Example, completion: str) -> tuple[str, str]:
+    def program_and_tests(self, example: Example, completion: str) -> tuple[str, HiddenTests, str]:
         gold = example.gold
-        code = extract_code(completion, gold.get("entry_point"))
-        tests = "\n".join(gold["tests"])
-        return f"{code}\n\n{gold['setup']}\n\n{tests}\n", code
+        entry = gold.get("entry_point")
+        code = extract_code(completion, entry)
+        # bound even where it shadows a builtin (mbpp/test/126 tests a function named sum)
+        tests = HiddenTests(cases=tuple(gold["tests"]), bind=(str(entry),) if entry else ())
+        # the setup builds inputs from the reply's classes (mbpp/test/367's trees): it runs
+        # with the program, and the judge receives what it made as objects it can only pass
+        return f"{code}\n\n{gold['setup']}\n", tests, code
+
+    def program_and_code(self, example: Example, completion: str) -> tuple[str, str]:
+        program, tests, code = self.program_and_tests(example, completion)
+        return "\n".join([program, *tests.cases, ""]), code
 
     def reference_completion(self, example: Example) -> str:
         return f"```python\n{self.record(example)['code']}\n```"

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pytest_modelbench.sandbox import Sandbox
-from pytest_modelbench.suites.coding import MBPP, HumanEval, pass_at_k
+from pytest_modelbench.sandbox import ExecutionResult, Sandbox
+from pytest_modelbench.suites.coding import MBPP, CodeSuite, HumanEval, pass_at_k
 from pytest_modelbench.suites.contract import Example
 from pytest_modelbench.suites.extract import extract_code
 
@@ -135,6 +136,65 @@ def test_mbpp_wrong_completions_fail(sandbox: Sandbox) -> None:
     examples = suite.examples({}, 0)[::10]
     programs = [suite.program_and_code(e, suite.wrong_completion(e))[0] for e in examples]
     assert not any(result.passed for result in sandbox.run_many(programs))
+
+
+def _judged(
+    sandbox: Sandbox, suite: CodeSuite, examples: list[Example], reference: bool
+) -> list[ExecutionResult]:
+    """Run each example's reference (or wrong) completion as scoring does: tests by the judge."""
+    make = suite.reference_completion if reference else suite.wrong_completion
+    parts = [suite.program_and_tests(e, make(e))[:2] for e in examples]
+    with ThreadPoolExecutor(max_workers=sandbox.workers) as pool:
+        return list(pool.map(lambda part: sandbox.run_tests(*part), parts))
+
+
+def test_all_humaneval_references_pass_the_judge(sandbox: Sandbox) -> None:
+    suite = HumanEval()
+    examples = suite.examples({}, 0)
+    results = _judged(sandbox, suite, examples, reference=True)
+    failures = [(e.id, r.reason) for e, r in zip(examples, results, strict=True) if not r.passed]
+    assert len(examples) == 164
+    assert failures == []
+    assert all(r.tests == {"total": 1, "passed": 1, "calls": r.tests["calls"]} for r in results)
+
+
+def test_humaneval_wrong_completions_fail_the_judge(sandbox: Sandbox) -> None:
+    suite = HumanEval()
+    examples = suite.examples({}, 0)[::4]
+    results = _judged(sandbox, suite, examples, reference=False)
+    assert not any(result.passed for result in results)
+    assert {result.status for result in results} == {"failed"}
+
+
+@pytest.mark.slow
+def test_all_mbpp_references_pass_the_judge(sandbox: Sandbox) -> None:
+    suite = MBPP()
+    examples = suite.examples({}, 0)
+    results = _judged(sandbox, suite, examples, reference=True)
+    failures = [(e.id, r.reason) for e, r in zip(examples, results, strict=True) if not r.passed]
+    assert len(examples) == 500
+    assert failures == []
+
+
+def test_mbpp_judge_handles_builtin_names_counters_and_the_programs_objects(
+    sandbox: Sandbox,
+) -> None:
+    """mbpp/test/126 tests a function named ``sum``, /40 returns a ``Counter``, /367 passes
+    trees built from the reply's own ``Node`` class: all work across the judge's boundary."""
+    suite = MBPP()
+    examples = [
+        e
+        for e in suite.examples({}, 0)
+        if e.id in {"mbpp/test/40", "mbpp/test/126", "mbpp/test/367"}
+    ]
+    results = _judged(sandbox, suite, examples, reference=True)
+    assert [r.reason for r in results] == ["3 of 3 tests passed"] * 3
+
+
+def test_mbpp_wrong_completions_fail_the_judge(sandbox: Sandbox) -> None:
+    suite = MBPP()
+    examples = suite.examples({}, 0)[::10]
+    assert not any(r.passed for r in _judged(sandbox, suite, examples, reference=False))
 
 
 @pytest.mark.parametrize(
