@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.suites.contract import Example, Suite, SuiteArgumentError, aggregate_extra
 
 if TYPE_CHECKING:
@@ -128,6 +129,18 @@ class SuiteBackend:
         finally:
             journal.close()
             ctx.progress.finish()
+        summary = self._summary(journal, wanted, total, loop_stats)
+        summary["resumed_examples"] = sum(1 for key in done if wanted(key))
+        return summary
+
+    def _summary(
+        self,
+        journal: Journal,
+        wanted: Callable[[tuple[str, int]], bool],
+        total: int,
+        loop_stats: Any,
+    ) -> dict[str, Any]:
+        """Summary fields from the journal's selected rows (and this session's loop counters)."""
         # the journal is streamed (twice when the suite aggregates): a 100k-example item
         # never holds its rows in memory
         summary = summarise_rows(journal.latest(wanted), self.suite.metrics, total)
@@ -145,7 +158,6 @@ class SuiteBackend:
                 "retry_reasons": loop_stats.retry_reasons,
                 "wall_s": round(loop_stats.wall_s, 3),
             }
-        summary["resumed_examples"] = sum(1 for key in done if wanted(key))
         return summary
 
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 from tests.conftest import Project, configure
 
 N = 300
+
+
+def _completions(server: Any) -> int:
+    return sum(1 for r in server.requests if r.path.endswith("completions"))
 
 
 def test_an_endpoint_that_dies_stops_the_item_and_the_rerun_continues(
@@ -17,7 +22,14 @@ def test_an_endpoint_that_dies_stops_the_item_and_the_rerun_continues(
     server = sim(accuracy=0.7, lookup={}, latency=0.02, slots=4)
     port = server.port
     configure(project, server.base_url, n=N, max_concurrent=4, max_retries=6, retry_backoff=0.5)
-    stopper = threading.Timer(0.8, server.stop)  # the server dies mid-item
+
+    def stop_mid_item() -> None:  # the server dies once some examples are answered
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _completions(server) < 30:
+            time.sleep(0.01)
+        server.stop()
+
+    stopper = threading.Thread(target=stop_mid_item)
     stopper.start()
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     stopper.join()
