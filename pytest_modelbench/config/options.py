@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,7 +45,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--mb-config", "mb_config", "run exactly the jobs of this job file (configs/job-*.yaml)"
     ),
-    Option("--run-dir", "run_dir", "parent directory of run directories (default: runs)"),
+    Option(
+        "--run-dir",
+        "run_dir",
+        "parent directory of run directories, relative to the rootdir (default: runs)",
+    ),
     Option("--run-id", "run_id", "run directory name (default: <run name>-<timestamp>)"),
     Option(
         "--run-name",
@@ -65,14 +69,15 @@ OPTIONS: tuple[Option, ...] = (
         "--sampling-args", "sampling_args", "JSON object merged into every item's sampling args"
     ),
     Option("--max-concurrent", "max_concurrent", "requests in flight per item", "int"),
-    Option(
-        "--mb-timeout",
-        "request_timeout",
-        "per-request timeout in seconds (alias: --timeout)",
-        "float",
-    ),
+    Option("--mb-timeout", "request_timeout", "per-request timeout in seconds", "float"),
     Option(
         "--update-baselines", "update_baselines", "write this run's scores as baselines", "flag"
+    ),
+    Option(
+        "--mb-replace-baselines",
+        "replace_baselines",
+        "let --update-baselines replace a baseline measured on more examples",
+        "flag",
     ),
     Option(
         "--baseline-run", "baseline_run", "paired comparison against this run's per-example results"
@@ -132,7 +137,11 @@ INI_CONFIG_DIR = "modelbench_configs"
 
 
 def add_options(parser: pytest.Parser) -> None:
-    """Register options in a 'modelbench' group, each also settable as ``modelbench_<dest>`` ini."""
+    """Register options in a 'modelbench' group, each also settable as ``modelbench_<dest>`` ini.
+
+    No option takes a name another plugin commonly owns (``--timeout`` is pytest-timeout's):
+    argparse refuses a second registration, which would stop every pytest session.
+    """
     group = parser.getgroup("modelbench", "LLM benchmarks as tests")
     for option in OPTIONS:
         kwargs: dict[str, Any] = {"dest": f"mb_{option.dest}", "help": option.help}
@@ -148,22 +157,11 @@ def add_options(parser: pytest.Parser) -> None:
         group.addoption(option.flag, **kwargs)
         ini_type: Literal["bool", "string"] = "bool" if option.kind == "flag" else "string"
         parser.addini(option.ini, f"default for {option.flag}", type=ini_type, default=None)
-    # --timeout is taken when pytest-timeout is installed; --mb-timeout always works
-    with contextlib.suppress(ValueError):
-        group.addoption(
-            "--timeout",
-            dest="mb_request_timeout_alias",
-            default=None,
-            metavar="SEC",
-            help="per-request timeout in seconds (same as --mb-timeout)",
-        )
     parser.addini(INI_CONFIG_DIR, "configuration directory (default: configs)", default="configs")
 
 
 def _raw(config: pytest.Config, dest: str) -> Any:
     value = config.getoption(f"mb_{dest}", default=None)
-    if dest == "request_timeout" and value is None:
-        value = config.getoption("mb_request_timeout_alias", default=None)
     if value is None:
         try:
             value = config.getini(f"modelbench_{dest}")
@@ -255,9 +253,22 @@ def _as_seeds(value: Any) -> tuple[int, ...] | None:
     return seeds
 
 
+_EMPTY_HINT = {
+    "model": "give a model name (--model NAME[,NAME]), --model all or --model smoke",
+    "env": "give environment names (--env gsm8k,medqa), or leave --env out to run every environment",
+}
+
+
 def _as_names(dest: str, value: Any) -> tuple[str, ...]:
-    """A comma list of names (``--model``, ``--env``): printable, each a usable path too."""
+    """A comma list of names (``--model``, ``--env``): printable, each a usable path too.
+
+    An empty list given explicitly (``--env "$UNSET_VARIABLE"``) is a mistake, not "no filter".
+    """
     names = _as_list(value)
+    if value is not None and not names:
+        raise ModelbenchUsageError(
+            f"{_flag_name(dest)}: empty value {shown_value(value)}; {_EMPTY_HINT[dest]}"
+        )
     for name in names:
         if not name.isprintable():
             raise ModelbenchUsageError(
@@ -269,6 +280,23 @@ def _as_names(dest: str, value: Any) -> tuple[str, ...]:
                 "(a path component is longer than 255 bytes)"
             )
     return names
+
+
+# what the run store keeps unchanged as one path component (store.runstore.safe_component)
+_RUN_ID = re.compile(r"[A-Za-z0-9_+=-]([A-Za-z0-9._+=-]{0,118}[A-Za-z0-9_+=-])?")
+
+
+def _as_run_id(value: Any) -> str | None:
+    """``--run-id``: one directory name under the run directory, never a path out of it."""
+    if value is None:
+        return None
+    if not _RUN_ID.fullmatch(str(value)):
+        raise ModelbenchUsageError(
+            f"--run-id: {shown_value(value)} is not a run directory name; use letters, digits "
+            "and ._+=- (one path component, not starting or ending with '.', at most 120 "
+            "characters), e.g. --run-id nightly-2026-01-20"
+        )
+    return str(value)
 
 
 def _as_url(value: Any) -> str | None:
@@ -319,12 +347,18 @@ class RunOptions:
     max_concurrent: int | None
     request_timeout: float | None
     update_baselines: bool
+    replace_baselines: bool  # --mb-replace-baselines: --update-baselines may replace a larger-n one
     baseline_run: str | None
     require_baseline: bool
     gpus: str | None
     error_budget: float
     correction: str
     dist: str | None  # --mb-dist: None decides by the run (see pytest_modelbench.scheduling)
+
+    @property
+    def selects_items(self) -> bool:
+        """Whether these options ask for benchmark items (``--model`` or ``--mb-config``)."""
+        return bool(self.models or self.job_file)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> RunOptions:
@@ -350,7 +384,7 @@ class RunOptions:
             num_examples=_as_number("num_examples", _raw(config, "num_examples"), int, 1),
             job_file=Path(job) if job else None,
             run_dir=Path(str(_raw(config, "run_dir") or "runs")),
-            run_id=_raw(config, "run_id"),
+            run_id=_as_run_id(_raw(config, "run_id")),
             run_name=_raw(config, "run_name"),
             force=bool(_raw(config, "force")),
             auto_resume=not bool(_raw(config, "no_auto_resume")),
@@ -362,6 +396,7 @@ class RunOptions:
                 "request_timeout", _raw(config, "request_timeout"), float, 0.001
             ),
             update_baselines=bool(_raw(config, "update_baselines")),
+            replace_baselines=bool(_raw(config, "replace_baselines")),
             baseline_run=_raw(config, "baseline_run"),
             require_baseline=bool(_raw(config, "require_baseline")),
             gpus=_as_gpus(_raw(config, "gpus")),

@@ -325,7 +325,6 @@ class ItemEvaluator:
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
         summary.setdefault("resumed_examples", 0)
-        item_store.journal.compact()  # one line per example: retried examples keep their last
         item_store.finish(summary, _entry(item, summary))
         if over_budget:
             rows = item_store.journal.latest()

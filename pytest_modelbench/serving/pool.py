@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
 
 SMOKE = "smoke"
+SMOLLM2 = "smollm2-135m"  # pytest_modelbench.serving.smollm2.SMOLLM2
+BUILT_IN_MODELS = (SMOKE, SMOLLM2)
 MAX_RESTARTS = 1
 
 
@@ -91,7 +93,11 @@ class ServerPool:
         from pytest_modelbench.serving.base import ServingError
 
         spec = item.model
-        local = spec.model is not None and spec.model != SMOKE and Path(spec.model).is_dir()
+        local = (
+            spec.model is not None
+            and spec.model not in BUILT_IN_MODELS
+            and Path(spec.model).is_dir()
+        )
         served = item.model_name if local else (spec.model or item.model_name)
         if self._server is not None and self._model == item.model_name:
             if self._server.is_alive():
@@ -110,6 +116,11 @@ class ServerPool:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.checkpoints import CheckpointWarning, servable_checkpoint
         from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
+        from pytest_modelbench.serving.smollm2 import (
+            SMOLLM2_SERVE_ARGS,
+            SmolLM2NotInstalledError,
+            build_smollm2_model,
+        )
         from pytest_modelbench.serving.vllm import VllmServer
 
         spec = item.model
@@ -120,6 +131,12 @@ class ServerPool:
         if spec.model == SMOKE:
             model_path = build_smoke_model(self.cache_dir)
             args = {**SMOKE_SERVE_ARGS, **args}
+        elif spec.model == SMOLLM2:
+            try:
+                model_path = build_smollm2_model(self.cache_dir)
+            except SmolLM2NotInstalledError as exc:
+                raise ModelbenchUsageError(f"--model {SMOLLM2}: {exc}") from None
+            args = {**SMOLLM2_SERVE_ARGS, **args}
         elif Path(model_path).is_dir():
             shadow_root = self.run_dir / "servers" / "checkpoints"
             model_path, note = servable_checkpoint(model_path, shadow_root)

@@ -1,4 +1,8 @@
-"""The per-session modelbench object: plan, parametrization, evaluation, result gathering."""
+"""The per-session modelbench object: plan, parametrization, evaluation, result gathering.
+
+The plugin imports this module only for sessions that ask for benchmark items
+(``plugin.start_session``), so what it imports costs other pytest sessions nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,18 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
 from pytest_modelbench.config.options import RunOptions
-from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
@@ -24,7 +31,11 @@ from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
+if TYPE_CHECKING:
+    from types import FrameType
+
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
+MARKER_KEYWORDS = ("model", "env", "variant")  # @pytest.mark.modelbench(...)
 
 
 class ModelbenchSession:
@@ -39,6 +50,8 @@ class ModelbenchSession:
         self._run_dir: Path | None = None
         self._evaluator: Any = None
         self._book: Any = None
+        self._marker_error: str | None = None
+        self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.records: list[dict[str, Any]] = []  # controller: one per finished item (from reports)
         self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
@@ -53,7 +66,7 @@ class ModelbenchSession:
     @property
     def active(self) -> bool:
         """True when the user asked for benchmark items (so the plan is built eagerly)."""
-        return bool(self.options.models or self.options.job_file)
+        return self.options.selects_items
 
     def check_module(self, module: str, where: str) -> None:
         if (
@@ -76,8 +89,30 @@ class ModelbenchSession:
     @property
     def plan(self) -> Plan:
         if self._plan is None:
-            self._plan = build_plan(self.config_set, self.options, self.check_module)
+            plan = build_plan(self.config_set, self.options, self.check_module)
+            self._check_env_args(plan)
+            self._plan = plan
         return self._plan
+
+    def _check_env_args(self, plan: Plan) -> None:
+        """``--env-args`` keys a planned variant's module refuses: a usage error now that
+        names the flag, rather than an item error at run time that names the env file."""
+        given = self.options.env_args
+        if not given:
+            return
+        checked: set[str] = set()
+        for item in plan.items:
+            if item.variant.id in checked:
+                continue
+            checked.add(item.variant.id)
+            message = _env_args_refusal(self.backend_for(item.variant.module), item)
+            # the flag is to blame when the refusal names one of its keys; a mistake of the
+            # env file itself is reported where the file is named, when the item runs
+            if message is not None and any(repr(key) in message for key in given):
+                raise ModelbenchUsageError(
+                    f"--env-args: variant {item.variant.id!r} (module {item.variant.module}): "
+                    f"{message}"
+                )
 
     def plan_costs(self) -> PlanCosts:
         """The scheduler's cost model: the plan, the items this run already finished, and the
@@ -103,12 +138,19 @@ class ModelbenchSession:
                 self._run_dir = self._resolve_run_dir()
         return self._run_dir
 
-    def _resolve_run_dir(self) -> Path:
-        base = self.config.invocation_params.dir
-        parent = self.options.run_dir
+    def _run_parent(self) -> tuple[Path, str]:
+        """The directory run directories go in, and the option or file that chose it.
+
+        A relative path is taken from the rootdir, like the config directory, so pytest
+        started in a subdirectory of the project uses the same ``configs/`` and ``runs/``.
+        """
+        parent, where = self.options.run_dir, "--run-dir"
         if self.plan.run_parent is not None and self.options.run_dir == Path("runs"):
-            parent = self.plan.run_parent
-        parent = parent if parent.is_absolute() else base / parent
+            parent, where = self.plan.run_parent, f"{self.options.job_file}: output_dir"
+        return (parent if parent.is_absolute() else self.config.rootpath / parent), where
+
+    def _resolve_run_dir(self) -> Path:
+        parent, _ = self._run_parent()
         if self.options.run_id:
             return parent / self.options.run_id
         if self.options.auto_resume:  # with --restart OLD: the latest run seeded from OLD
@@ -117,6 +159,18 @@ class ModelbenchSession:
                 return latest
         return parent / new_run_id(parent, self.plan.run_name)
 
+    def _check_run_dir(self) -> None:
+        """Run directories can be created where this run writes, or one usage error now
+        (rather than a traceback per item)."""
+        reason = _unwritable(self.run_dir)
+        if reason is not None:
+            parent, where = self._run_parent()
+            raise ModelbenchUsageError(
+                f"{where}: cannot create run directories in {parent}: {reason}; choose a "
+                f"writable directory (a relative path is taken from the rootdir "
+                f"{self.config.rootpath})"
+            )
+
     # -- hooks -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self) -> None:
@@ -124,6 +178,8 @@ class ModelbenchSession:
             return
         try:
             self.plan  # noqa: B018 - validate config and selection before anything runs
+            if not self.config.option.collectonly and not is_worker(self.config):
+                self._check_run_dir()
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
 
@@ -136,20 +192,23 @@ class ModelbenchSession:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "mb_item" not in metafunc.fixturenames:
             return
+        for mark in metafunc.definition.iter_markers("modelbench"):
+            self._marker_error = self._marker_error or _marker_mistake(metafunc.definition, mark)
+        marker = metafunc.definition.get_closest_marker("modelbench")
         try:
             items = list(self.plan.items)
         except ModelbenchUsageError as exc:
             self._plan_error = str(exc)
             items = []
-        marker = metafunc.definition.get_closest_marker("modelbench")
         if marker is not None:
             items = [item for item in items if _marker_selects(marker.kwargs, item)]
         metafunc.parametrize("mb_item", items, ids=[item.item_id for item in items])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self) -> None:
-        if self._plan_error is not None:
-            raise pytest.UsageError(self._plan_error)
+        for error in (self._marker_error, self._plan_error):
+            if error is not None:
+                raise pytest.UsageError(error)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if (
@@ -212,7 +271,15 @@ class ModelbenchSession:
 
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
         """Evaluate (or load) the item, then gate it on its baseline."""
-        result: EvalResult = self.evaluator().evaluate(item)
+        self._in_flight.add(item.item_id)
+        try:
+            with _sigterm_interrupts():
+                result: EvalResult = self.evaluator().evaluate(item)
+        except KeyboardInterrupt:
+            self._settle_interrupted()
+            raise
+        finally:
+            self._in_flight.discard(item.item_id)
         verdict = self.baseline_book().verdict(result)
         deferred = self.options.correction == "holm" and verdict.p_value is not None
         result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
@@ -221,6 +288,19 @@ class ModelbenchSession:
             config=self.config, item_id=item.item_id, summary=result.summary, result=result
         )
         return result
+
+    def _settle_interrupted(self) -> None:
+        """Ctrl-C or SIGTERM stopped this process's items: their manifest entries say
+        ``interrupted`` instead of ``running`` (their journals keep what finished)."""
+        if not self._in_flight or self._run_dir is None:
+            return
+        store = RunStore(self._run_dir)
+        with contextlib.suppress(OSError):  # stopping must not fail on a damaged store
+            items = store.read_manifest().get("items") or {}
+            for item_id in sorted(self._in_flight):
+                entry = items.get(item_id)
+                if isinstance(entry, dict) and entry.get("status") == "running":
+                    store.update_item(item_id, status="interrupted")
 
     def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
         node.user_properties.extend(
@@ -237,7 +317,7 @@ class ModelbenchSession:
 
     # -- reporting (controller side) ---------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if is_worker(self.config):
+        if is_worker(self.config) or not self.active:
             return
         if not (report.when == "call" or (report.when == "setup" and report.failed)):
             return
@@ -283,7 +363,10 @@ class ModelbenchSession:
 
             run_id = self._run_dir.name if self._run_dir else "unknown"
             self.baselines_written = update_baselines(
-                self.options.config_dir / "baselines", self.records, run_id
+                self.options.config_dir / "baselines",
+                self.records,
+                run_id,
+                replace=self.options.replace_baselines,
             )
 
     def _apply_holm(self, session: pytest.Session) -> None:
@@ -299,6 +382,83 @@ class ModelbenchSession:
                 self.holm_failures.append(verdict.message)
         if self.holm_failures and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
+    """What is wrong with a test's ``@pytest.mark.modelbench(...)``, or None."""
+    where = f"{test.nodeid}: @pytest.mark.modelbench"
+    accepted = ", ".join(MARKER_KEYWORDS)
+    for key in marker.kwargs:
+        if key not in MARKER_KEYWORDS:
+            return (
+                f"{where}: unknown keyword {key!r}{did_you_mean(key, MARKER_KEYWORDS)}; "
+                f"accepted: {accepted}"
+            )
+    if marker.args:
+        return (
+            f"{where}: takes keywords, not {shown_value(marker.args[0])}; write e.g. "
+            f"@pytest.mark.modelbench(env={shown_value(marker.args[0])}) (accepted: {accepted})"
+        )
+    return None
+
+
+def _env_args_refusal(backend: Any, item: PlannedItem) -> str | None:
+    """The backend's own complaint about the item's env args, or None when it accepts them
+    (or cannot check them before running: the verifiers and lm-eval backends)."""
+    suite = getattr(backend, "suite", None)  # built-in suites and jsonl
+    if suite is None:
+        return None
+    # built-in suites check their declared args without loading data; jsonl checks when it
+    # reads its file (cached for the run)
+    check = getattr(suite, "parse_args", None)
+    try:
+        if check is not None:
+            check(item.variant.env_args)
+        else:
+            suite.examples(item.variant.env_args, item.seed)
+    except ValueError as exc:  # SuiteArgumentError
+        message = str(exc)
+        for prefix in (f"{suite.name}: ", "env_args: "):
+            message = message.removeprefix(prefix)
+        return message
+    return None
+
+
+def _unwritable(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be created and written (None: it can); creates nothing."""
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"{existing} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001  # signal handler signature
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While an item runs, SIGTERM stops it as Ctrl-C does (pytest leaves SIGTERM fatal), so
+    the item's manifest entry is settled; the previous handler is restored afterwards. A
+    handler someone else installed is left alone."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _marker_selects(kwargs: Mapping[str, Any], item: PlannedItem) -> bool:

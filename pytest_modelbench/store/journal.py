@@ -141,34 +141,6 @@ class Journal:
         atomic_write_text(self.path, "".join(_dumps(row) + "\n" for row in self.rows(warn=False)))
         return len(moved)
 
-    def compact(self) -> bool:
-        """Keep only the last row per (example, rollout), so the file holds one line per example
-        (an example retried by a later run has two until then). Streamed into a temporary file
-        and renamed over the journal; nothing happens when no key repeats. Returns whether the
-        file was rewritten."""
-        keys: set[tuple[str, int]] = set()
-        repeated = False
-        for row in self.rows(warn=False):
-            key = row_key(row)
-            repeated = repeated or key in keys
-            keys.add(key)
-        if not repeated:
-            return False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.compact.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                for row in self.latest():
-                    handle.write(_dumps(row) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-            fsync_directory(self.path.parent)
-        except OSError as exc:
-            with suppress(OSError):
-                tmp.unlink()
-            raise StoreWriteError(exc.errno, f"cannot rewrite {self.path}: {exc.strerror}") from exc
-        return True
-
     def open(self) -> None:
         """Open for appending; a journal shared with another run (hard link) is copied first."""
         try:

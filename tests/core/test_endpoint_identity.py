@@ -54,7 +54,9 @@ def test_the_same_url_serving_another_model_build_is_evaluated_again(
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(passed=1)
     assert _completions(server) == 10
-    result.stdout.fnmatch_lines(["*configuration changed: endpoint.model.max_model_len: 4096 -> 8192*"])
+    result.stdout.fnmatch_lines(
+        ["*configuration changed: endpoint.model.max_model_len: 4096 -> 8192*"]
+    )
 
 
 def project_lookup(project: Project) -> dict[str, tuple[str, str]]:

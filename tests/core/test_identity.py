@@ -49,6 +49,7 @@ def test_items_whose_ids_sanitise_alike_keep_their_own_results(project: Project,
     )
     first = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     first.assert_outcomes(passed=2)
+
     def completions() -> int:
         return sum(1 for r in server.requests if r.path.endswith("completions"))
 

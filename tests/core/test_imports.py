@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = (
     "vllm",
@@ -39,3 +40,33 @@ def test_help_imports_no_heavy_dependency(tmp_path: object) -> None:
     assert "--model=MODEL" in out.stdout  # the plugin is loaded
     heavy_line = next(line for line in out.stdout.splitlines() if line.startswith("HEAVY:"))
     assert heavy_line == "HEAVY:", f"imported at --help: {heavy_line[6:]}"
+
+
+PLAIN_SESSION = """
+import sys
+import pytest
+code = pytest.main(["-q", "-p", "no:cacheprovider", "test_plain.py"])
+loaded = sorted(
+    m for m in sys.modules
+    if m.split(".")[0] == "pydantic" or m == "pytest_modelbench.config.schema"
+)
+print("LOADED:" + ",".join(loaded))
+sys.exit(int(code))
+"""
+
+
+def test_plain_session_imports_no_config_schema(tmp_path: Path) -> None:
+    """A session that selects no benchmark items (no --model) never loads modelbench's
+    configuration schema, nor pydantic: the plugin costs it next to nothing."""
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    out = subprocess.run(
+        [sys.executable, "-c", PLAIN_SESSION],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout
+    loaded_line = next(line for line in out.stdout.splitlines() if line.startswith("LOADED:"))
+    assert loaded_line == "LOADED:", f"imported by a plain session: {loaded_line[7:]}"

@@ -57,7 +57,9 @@ def test_redact_removes_keys_in_use_and_token_looking_strings() -> None:
     assert "a-private-value-42" not in text and "abc.def-123456789" not in text
     assert "sk-proj-0123456789abcdef" not in text
     assert text.count(REDACTED) == 3
-    assert redact("nothing secret here: sk- alone, bearer") == "nothing secret here: sk- alone, bearer"
+    assert (
+        redact("nothing secret here: sk- alone, bearer") == "nothing secret here: sk- alone, bearer"
+    )
 
 
 def test_a_key_echoing_gateway_leaves_no_key_in_any_artifact(
