@@ -42,8 +42,3 @@ def _mask(match: re.Match[str]) -> str:
     if token[:6].lower() == "bearer":
         return "Bearer " + REDACTED
     return REDACTED
-
-
-def active() -> bool:
-    """Whether any secret is registered (callers on a hot path may skip :func:`redact`)."""
-    return bool(_secrets)

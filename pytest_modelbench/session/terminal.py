@@ -147,22 +147,19 @@ def write_from_store(reporter: Any, records: Sequence[dict[str, Any]], run_dir: 
     stored = [r for r in _ordered(records) if r.get("from_store")]
     if not stored:
         return
-    manifest = RunStore(run_dir).read_manifest().get("items") or {}
-    lines = []
-    for rec in stored:
-        item = str(rec.get("item"))
-        summary = RunStore(run_dir).item(item).read_summary() or {}
-        entry = manifest.get(item) or {}
-        run = entry.get("seeded_from") or run_dir.name
-        lines.append(f"  {item}: {run}, finished {summary.get('finished_at', '?')}")
+    store = RunStore(run_dir)
+    manifest = store.read_manifest().get("items") or {}
     reporter.write_line(
         f"from store ({len(stored)} of {len(records)} items, not evaluated again; "
         "--force -k ITEM recomputes):"
     )
-    for line in lines[:MAX_LISTED]:
-        reporter.write_line(line)
-    if len(lines) > MAX_LISTED:
-        reporter.write_line(f"  ... and {len(lines) - MAX_LISTED} more (see run_manifest.json)")
+    for rec in stored[:MAX_LISTED]:  # only the listed items' summaries are read
+        item = str(rec.get("item"))
+        summary = store.item(item).read_summary() or {}
+        run = (manifest.get(item) or {}).get("seeded_from") or run_dir.name
+        reporter.write_line(f"  {item}: {run}, finished {summary.get('finished_at', '?')}")
+    if len(stored) > MAX_LISTED:
+        reporter.write_line(f"  ... and {len(stored) - MAX_LISTED} more (see run_manifest.json)")
 
 
 def write_recomputed(reporter: Any, records: Sequence[dict[str, Any]]) -> None:

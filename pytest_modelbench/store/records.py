@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, TypedDict
 
 from pytest_modelbench.secrets import redact
@@ -236,6 +236,3 @@ class ItemProperties:
 def _clean(value: Any) -> Any:
     """Property values reach JUnit XML, reports and the terminal: no secret in them."""
     return redact(value) if isinstance(value, str) else value
-
-
-PROPERTY_FIELDS = frozenset(f.name for f in fields(ItemProperties))
