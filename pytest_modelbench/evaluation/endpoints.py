@@ -77,6 +77,7 @@ class EndpointManager:
             backoff_s=spec.retry_backoff,
             preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
             checked=self._checked,
+            died=self.serving.death_report,
         )
 
     def identity(self, item: PlannedItem) -> dict[str, Any] | None:

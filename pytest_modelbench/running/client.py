@@ -21,7 +21,7 @@ import ssl
 import sys
 import time
 import zlib
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -409,6 +409,7 @@ class OpenAIClient:
         max_connections: int = 64,
         retry: RetryPolicy | None = None,
         seed: int = 0,
+        died: Callable[[], str | None] | None = None,
     ) -> None:
         if not base_urls:
             raise ValueError("at least one base URL is required")
@@ -417,6 +418,7 @@ class OpenAIClient:
         self.dead: str | None = None  # why the endpoint is considered gone (see _connect_failed)
         self._connect_failures = 0
         self._last_answer = time.monotonic()
+        self._died = died  # a served endpoint's process check: why it died, or None
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -543,6 +545,10 @@ class OpenAIClient:
                 data, choice = await self._once(path, body)
             except _Retryable as exc:
                 reasons.append(exc.reason)
+                if self._died is not None and self.dead is None:
+                    self.dead = self._died()  # the server process exited: no retry can help
+                if self.dead is not None:
+                    continue
                 if attempt > self.retry.max_retries:
                     raise RequestFailed(
                         f"gave up after {attempt} attempts; last error: {exc.reason}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pytest_modelbench.errors import EvaluationError
@@ -21,6 +22,8 @@ class Endpoint:
     checked: dict[tuple[tuple[str, ...], str], str | None] = field(
         default_factory=dict, compare=False, repr=False
     )  # shared per worker: key -> None (passed) or the failure message (fail the next items at once)
+    # for a server modelbench started: None while it runs, else why it died (stop the item)
+    died: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
 
     async def ensure_ready(self, client: OpenAIClient) -> None:
         """Pre-flight once per worker: fail fast with the URL when unreachable or missing the model."""

@@ -35,6 +35,10 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
+class ServerDiedWarning(UserWarning):
+    """A served model's server died and is being restarted."""
+
+
 class ServerPool:
     """Starts, reuses and stops this worker's server; gives items their base URL."""
 
@@ -152,17 +156,31 @@ class ServerPool:
         self.starts += 1
         return server
 
+    def death_report(self) -> str | None:
+        """None while this worker's server runs (or none was started); once it has died, one
+        line with the cause from its log and the log's path."""
+        report = getattr(self._server, "death_report", None)
+        return report() if report is not None else None
+
     def _restart(self, model: str) -> None:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
 
         count = self._restarts.get(model, 0)
+        died = self.death_report()
         if count >= MAX_RESTARTS:
             raise EvaluationError(
-                f"the {model} server died again after a restart (finished examples are kept; "
-                f"re-run to continue). {self._log_excerpt()}"
+                f"{model}: {died}. It died again after one restart; finished examples are "
+                "kept, re-running the same command continues with the rest"
+                if died
+                else f"the {model} server died again after a restart (finished examples are "
+                f"kept; re-run to continue). {self._log_excerpt()}"
             )
         self._restarts[model] = count + 1
+        warnings.warn(
+            ServerDiedWarning(f"{model}: {died or 'the server died'}; restarting it once"),
+            stacklevel=3,
+        )
         try:
             self._server.restart()
         except ServingError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -26,6 +27,7 @@ from pytest_modelbench.serving.base import ServerStartError
 
 __all__ = [
     "ServerProcess",
+    "death_cause",
     "free_port",
     "group_members",
     "http_get",
@@ -81,6 +83,36 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024
         return ""
     text = data.decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+# "(EngineCore pid=7) ERROR 11-24 04:14:22 [core.py:1512] RuntimeError: ..." or a bare traceback line
+_LOG_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s+)?"
+    r"(?:(?:ERROR|CRITICAL|WARNING|INFO|DEBUG)\s+\d\d-\d\d\s+[\d:.]+\s+\[[^\]]*\]\s+)?"
+)
+_EXCEPTION_LINE = re.compile(r"((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)): (\S.*)$")
+CAUSE_MAX_CHARS = 300
+
+
+def death_cause(log_text: str, wrappers: Sequence[str] = ()) -> str | None:
+    """The root exception in a dead server's log tail (``RuntimeError: CPU Generator does not
+    use offset``): the first exception line that is not one of ``wrappers`` (exception names or
+    message fragments of errors that only report another's death), else the last wrapper."""
+    found: list[str] = []
+    for raw in log_text.splitlines():
+        line = _LOG_PREFIX.sub("", raw.strip(), count=1)
+        match = _EXCEPTION_LINE.match(line)
+        if match is None:
+            continue
+        name, message = match[1].rsplit(".", 1)[-1], match[2].strip()
+        text = f"{name}: {message}"
+        if text not in found:
+            found.append(text)
+    roots = [t for t in found if not any(w in t for w in wrappers)]
+    cause = roots[0] if roots else (found[-1] if found else None)
+    if cause is not None and len(cause) > CAUSE_MAX_CHARS:
+        cause = cause[: CAUSE_MAX_CHARS - 1] + "…"
+    return cause
 
 
 def group_members(pgid: int) -> list[int]:

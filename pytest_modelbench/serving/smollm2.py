@@ -56,19 +56,13 @@ REQUIRED_FILES = frozenset(
 )
 LOCK_TIMEOUT_S = 1800.0  # a build takes under a minute on 2 cores; far beyond that is a hang
 
-# vLLM flags for serving it. Requests carry a per-request ``seed``; on the CPU vLLM cannot
-# resume a seeded request whose prefill was split across scheduler steps ("CPU Generator does
-# not use offset" kills the engine), and chunked prefill splits one as soon as the waiting
-# prompts exceed the step budget (2048 tokens on CPU: 16 GSM8K chat prompts). Without chunked
-# prefill a prompt is scheduled whole or waits for the next step, so seeds (reproducibility)
-# stay, whatever max_model_len / max_num_seqs a user overrides (vLLM then sizes the step
-# budget to at least max_model_len). 64 sequences get 2 cores near their peak; 2048 tokens of
-# context covers the built-in suites; eager mode skips torch.compile, whose cold start
-# (~3 min on 2 cores) costs far more than it gains for a model this small.
+# vLLM flags for serving it. 64 sequences get 2 cores near their peak; 2048 tokens of context
+# covers the built-in suites; eager mode skips torch.compile, whose cold start (~3 min on 2
+# cores) costs far more than it gains for a model this small. On the CPU, chunked prefill is
+# switched off for every model (serving.vllm.CPU_DEFAULT_ARGS: seeded requests).
 SMOLLM2_SERVE_ARGS: dict[str, object] = {
     "max_model_len": 2048,
     "max_num_seqs": 64,
-    "enable_chunked_prefill": False,
     "enforce_eager": True,
 }
 

@@ -24,9 +24,16 @@ from pytest_modelbench.serving.base import (
     ServerStartError,
     cpu_or_gpus,
 )
-from pytest_modelbench.serving.process import ServerProcess, http_get, port_is_free
+from pytest_modelbench.serving.process import (
+    ServerProcess,
+    death_cause,
+    http_get,
+    log_tail,
+    port_is_free,
+)
 
 __all__ = [
+    "CPU_DEFAULT_ARGS",
     "VLLM_ENTRYPOINT",
     "VllmEngine",
     "VllmServer",
@@ -38,8 +45,23 @@ __all__ = [
 VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 DEFAULT_START_DEADLINE_S = 600.0
 CPU_KVCACHE_GIB = "1"
+# Errors vLLM raises only to report that another one killed the engine (the cause is above them).
+DEATH_WRAPPERS = (
+    "EngineDeadError",
+    "EngineCore encountered",
+    "Worker failed with error",
+    "See stack trace",
+    "SystemExit",
+)
 # Set by VllmServer itself; in serve.args they are a mistake.
 RESERVED_ARGS = frozenset({"model", "host", "port", "served_model_name"})
+# Requests carry a per-request ``seed`` (reproducible sampling). On the CPU, vLLM cannot resume
+# a seeded request whose prefill was split across scheduler steps: "CPU Generator does not use
+# offset" kills the engine. Chunked prefill splits one as soon as the waiting prompts exceed the
+# step budget (2048 tokens on CPU: 16 GSM8K chat prompts), so a CPU server gets it switched
+# off unless serve.args says otherwise: a prompt is then scheduled whole or waits for the next
+# step (vLLM sizes the step budget to at least max_model_len), and seeds stay honoured.
+CPU_DEFAULT_ARGS: dict[str, object] = {"enable_chunked_prefill": False}
 _TP_ARGS = frozenset({"tensor_parallel_size", "tp", "pipeline_parallel_size", "pp"})
 
 _INSTALL_HINT = (
@@ -187,7 +209,11 @@ class VllmServer:
         self.python = python
         self.cache_dir = Path(cache_dir)
         self.host = "127.0.0.1"
-        self.flags = render_args(args)
+        given = {_arg_name(str(k)) for k in args}
+        defaults = (
+            {} if self.gpus else {k: v for k, v in CPU_DEFAULT_ARGS.items() if k not in given}
+        )
+        self.flags = render_args({**args, **defaults})
         if len(self.gpus) > 1 and not any(_arg_name(str(k)) in _TP_ARGS for k in args):
             self.flags += ["--tensor-parallel-size", str(len(self.gpus))]
         self._check_installed = check_installed
@@ -266,6 +292,17 @@ class VllmServer:
 
     def stop(self) -> None:
         self.process.stop()
+
+    def death_report(self) -> str | None:
+        """None while the server runs; once it has exited, one line saying so, the root cause
+        from its log (``RuntimeError: CPU Generator does not use offset``) and the log's path."""
+        code = self.process.returncode()
+        if code is None:
+            return None
+        tail = log_tail(self.log_path, lines=400, max_bytes=256 * 1024)
+        cause = death_cause(tail, DEATH_WRAPPERS) or "no error in its log"
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"the {self.process.label} died ({how}): {cause}; log: {self.log_path}"
 
     def __enter__(self) -> VllmServer:
         if not self.is_alive():

