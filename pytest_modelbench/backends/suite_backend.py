@@ -10,6 +10,7 @@ from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.suites.contract import Example, Suite, SuiteArgumentError, aggregate_extra
+from pytest_modelbench.suites.selection import select_examples
 
 if TYPE_CHECKING:
     from pytest_modelbench.backends.protocol import ItemContext
@@ -21,7 +22,7 @@ SCORER_VERSION = 1
 class SuiteBackend:
     """Evaluates a suite's examples through the async runner against the item's endpoint."""
 
-    selects_by_example = True  # results are kept per example: --num-examples picks a prefix
+    selects_by_example = True  # results are kept per example: --num-examples picks a subset
 
     def __init__(self, suite: Suite) -> None:
         self.suite = suite
@@ -34,9 +35,7 @@ class SuiteBackend:
             raise ModelbenchUsageError(
                 f"{item.variant.source.name}: variant {item.variant.id!r}: {exc}"
             ) from None
-        if item.num_examples >= 0:
-            examples = examples[: item.num_examples]
-        return examples
+        return select_examples(examples, item.num_examples)
 
     def primary_metric(self, item: PlannedItem) -> str:
         metric = item.variant.metric or self.suite.primary_metric
@@ -106,6 +105,7 @@ class SuiteBackend:
                 retry=RetryPolicy(
                     max_retries=item.model.max_retries, backoff_s=ctx.endpoint.backoff_s
                 ),
+                died=ctx.endpoint.died,
             ) as client:
                 await ctx.endpoint.ensure_ready(client)
                 return await run_loop(

@@ -157,6 +157,11 @@ def _letter_tiers(letters: str) -> tuple[tuple[re.Pattern[str], ...], ...]:
             rf"(?i:answer)[\s*_]*(?:(?i:is|would\s+be|should\s+be)|[:：=])[\s*_:(\[]*"
             rf"(?:(?i:option|choice)[\s(\[]*)?({cls}){end}"
         ),
+        # the same with the letter quoted: 'the answer is "A" (Nearsightedness)'
+        re.compile(
+            rf"(?i:answer)[\s*_]*(?:(?i:is|would\s+be|should\s+be)|[:：=])[\s*_:]*"
+            rf"[\"'“‘]({cls})[\"'”’]"
+        ),
     )
     return (
         explicit,
@@ -171,6 +176,8 @@ def _letter_tiers(letters: str) -> tuple[tuple[re.Pattern[str], ...], ...]:
         ),
         # an emphasised or bracketed letter anywhere: "**C**", "(C)"
         (re.compile(rf"(?:\*\*|__)\s*\(?({cls})\)?\s*(?:\*\*|__)|\(({cls})\)"),),
+        # the reply ends naming a letter: "... the most appropriate pharmacotherapy is E."
+        (re.compile(rf"\b(?i:is|be)\s+({cls})[.!]?\s*\Z"),),
     )
 
 
@@ -212,16 +219,26 @@ def extract_choice(text: str, options: Sequence[str], letters: str | None = None
     return _choice_by_text(visible, options, letters)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
+
+
 def _choice_by_text(visible: str, options: Sequence[str], letters: str) -> str | None:
-    """Last resort: the final line names exactly one option's full text."""
+    """Last resort: the final line names exactly one option's full text, or else its last
+    sentence does ("... found in the cytosol. Therefore, the destination is Lysosome.")."""
     last_line = visible.strip().splitlines()[-1].lower()
-    hits = [
+    hits = _options_named(last_line, options, letters)
+    if len(hits) > 1:
+        hits = _options_named(_SENTENCE_END.split(last_line)[-1], options, letters)
+    return hits[0] if len(hits) == 1 else None
+
+
+def _options_named(text: str, options: Sequence[str], letters: str) -> list[str]:
+    return [
         letter
         for letter, option in zip(letters, options, strict=False)
         if len(option.strip()) >= 3
-        and re.search(rf"(?<!\w){re.escape(option.strip().lower())}(?!\w)", last_line)
+        and re.search(rf"(?<!\w){re.escape(option.strip().lower())}(?!\w)", text)
     ]
-    return hits[0] if len(hits) == 1 else None
 
 
 # ---------------------------------------------------------------------------

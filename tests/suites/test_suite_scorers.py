@@ -154,6 +154,15 @@ MC_GOLD = Example(id="medqa/test/5", messages=(), gold={"answer": "C", "options"
         ("I would go with C.", "C"),
         ("The best first step is nitroglycerin.", "C"),  # option text, no letter
         ("answer: c", "C"),
+        ('So, the answer is "C" (Nitroglycerin).', "C"),  # seen from SmolLM2-135M
+        ("So the answer is 'C'.", "C"),
+        (  # the last line names two options; its last sentence names one
+            "Labetalol is risky with cocaine. Therefore, the best first step is Nitroglycerin.",
+            "C",
+        ),
+        ("Based on the given options, the most appropriate drug is C.", "C"),  # SmolLM2-135M
+        ("Both Labetalol and Nitroglycerin lower the pressure.", None),  # two options, one sentence
+        ('The answer is "A good question", says the attending.', None),  # unclosed quote: no letter
         ("Answer: B\n\nWait, labetalol is risky here. Final answer: C", "C"),
         ("A patient using cocaine needs benzodiazepines first.", None),  # 'A' is an article
         ("Answer: F", None),  # not an option

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.suites import load_suite
+from pytest_modelbench.suites.selection import select_examples
 from pytest_modelbench.testing import SimConfig, SimServer, is_correct, lookup_from_examples
 
 BENCHMARK = "def test_benchmark(mb_eval):\n    mb_eval.check_baseline()\n"
@@ -35,7 +36,7 @@ CASES = [
 @pytest.mark.parametrize(("suite_name", "n"), CASES)
 def test_suite_scores_known_accuracy(pytester: pytest.Pytester, suite_name: str, n: int) -> None:
     suite = load_suite(suite_name)
-    examples = list(suite.examples({}, 0))[:n]
+    examples = select_examples(suite.examples({}, 0), n)  # what --num-examples n runs
     lookup = lookup_from_examples(examples, suite.reference_completion, suite.wrong_completion)
     (pytester.path / "benchmarks").mkdir()
     (pytester.path / "benchmarks" / "test_models.py").write_text(BENCHMARK)
