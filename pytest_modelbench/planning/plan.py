@@ -156,6 +156,24 @@ def _select_models(
     return _distinct(chosen, configured=set(models))
 
 
+# vLLM's max_num_seqs when serve.args does not set it: its default on most GPUs (128 on the CPU,
+# 1024 on H100/H200-class GPUs, where serve.args.max_num_seqs: 1024 uses it all)
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+def engine_capacity(spec: ModelSpec) -> int | None:
+    """For a model modelbench serves: how many sequences its engine batches (``max_num_seqs``),
+    the default number of requests in flight, so the engine is never under-fed. None for
+    models at an endpoint (their ``max_concurrent``, default 32, is what the endpoint allows)."""
+    if spec.api_base_url or spec.solutions:
+        return None
+    args = spec.serve.args if spec.serve is not None else {}
+    for key, value in args.items():
+        if key.lstrip("-").replace("-", "_") == "max_num_seqs" and isinstance(value, int):
+            return max(1, value)
+    return VLLM_DEFAULT_MAX_NUM_SEQS
+
+
 def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
     update: dict[str, Any] = {}
     if options.api_base_url:
@@ -163,6 +181,10 @@ def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
         update["serve"] = None
     if options.max_concurrent:
         update["max_concurrent"] = options.max_concurrent
+    elif "max_concurrent" not in spec.model_fields_set:
+        capacity = engine_capacity(spec.model_copy(update=update))
+        if capacity is not None:
+            update["max_concurrent"] = capacity
     if options.request_timeout:
         update["timeout"] = options.request_timeout
     if options.sampling_args:
