@@ -190,3 +190,26 @@ def test_without_pyarrow_the_other_reports_are_still_written(
     )
     (run_dir,) = project.run_dirs()
     assert (run_dir / "report.html").exists() and not (run_dir / "results.parquet").exists()
+
+
+def test_writing_parquet_does_not_import_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas from pa.array / Table.from_pylist (~0.45 s); the writer avoids both.
+    A fresh interpreter, so a pandas imported by another test does not hide it."""
+    run_dir = craft_run(
+        tmp_path, "r", {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0, 0.0, 0.5]}}
+    )
+    script = (
+        "import sys\n"
+        "from pytest_modelbench.reporting.model import load_run\n"
+        "from pytest_modelbench.reporting.rows import write_parquet\n"
+        "from pathlib import Path\n"
+        f"n = write_parquet(load_run(Path({str(run_dir)!r})), Path({str(tmp_path / 'o.parquet')!r}))\n"
+        "print(n, 'pandas' in sys.modules)\n"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "False"]
+    rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert [r["score"] for r in rows] == [1.0, 0.0, 0.5]
+    assert [dict(r["metrics"]) for r in rows][1] == {"accuracy": 0.0}
