@@ -4,7 +4,14 @@ directory (``Project``/``project``), simulated servers (``sim``, the shipped ``m
 
 from __future__ import annotations
 
+# Imported here so in-process pytester runs find them in the snapshot of sys.modules that
+# pytester restores: the scoring pool pickles concurrent.futures' worker function by name, and a
+# copy re-imported inside a pytester run is "not the same object".
+import concurrent.futures.process  # noqa: F401
 import json
+import multiprocessing.popen_spawn_posix
+import multiprocessing.resource_tracker
+import multiprocessing.synchronize  # noqa: F401
 import shutil
 import ssl
 import subprocess

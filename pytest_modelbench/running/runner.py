@@ -4,7 +4,8 @@ A fixed pool of worker coroutines pulls (example, rollout) work units from
 one iterator, so memory stays flat for 100k-example items and the server
 always has ``max_concurrent`` requests to batch. Each finished example is one
 journal line (``store.Journal``); failures after retries are recorded as
-errors, never as wrong answers.
+errors, never as wrong answers. Heavy scorers run in worker processes
+(``running.scoring``), waiting ones in threads: the loop never waits on scoring.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pytest_modelbench.running.client import Completion, OpenAIClient, RequestFailed
 from pytest_modelbench.running.progress import ProgressSink
+from pytest_modelbench.running.scoring import off_loop_scorer
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, Suite
@@ -99,12 +101,10 @@ async def run_loop(
     """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth."""
     stats = LoopStats()
     started = time.perf_counter()
+    scorer, units = off_loop_scorer(suite, units)
 
     async def score(example: Example, text: str) -> tuple[dict[str, float], Any, Mapping[str, Any]]:
-        if suite.blocking_score:
-            result = await asyncio.to_thread(suite.score, example, text)
-        else:
-            result = suite.score(example, text)
+        result = await scorer(example, text)
         return dict(result.metrics), result.extracted, result.detail
 
     async def one(example: Example, rollout: int) -> None:

@@ -44,6 +44,7 @@ class BuiltinSuite(ABC):
     metrics: tuple[str, ...]
     tokens_per_example: int
     blocking_score: bool = False
+    score_in_process: bool = False  # CPU-heavy scoring: run it in running.scoring's processes
     version: str = "1"  # bump when prompts or scoring change (results become incomparable)
     data_file: str
     fewshot_file: str | None = None

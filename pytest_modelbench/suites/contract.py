@@ -67,6 +67,9 @@ class Suite(Protocol):
         tokens_per_example: rough prompt+completion tokens, a cost hint.
         blocking_score: True when ``score`` is slow or blocking (code
             execution); the runner then calls it in a worker thread.
+        score_in_process (optional, built-in suites): True when ``score`` is
+            CPU-heavy (math500's symbolic comparison); the runner then calls
+            it in a pool of worker processes (``running.scoring``).
     """
 
     name: str

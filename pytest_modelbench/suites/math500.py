@@ -3,9 +3,10 @@
 The gold answer is the last ``\\boxed{}`` of the reference solution; the
 model's answer is read by math-verify (boxed answers first, then other LaTeX
 or plain expressions) and compared symbolically, so ``\\frac{1}{2}``, ``0.5``
-and ``x = \\frac12`` all match ``\\frac{1}{2}``. math-verify's time limits use
-``SIGALRM``, which only works in the main thread: elsewhere they are off and
-very long answers are truncated instead, so scoring always terminates.
+and ``x = \\frac12`` all match ``\\frac{1}{2}``. The runner scores it in worker
+processes (``running.scoring``), in their main threads, where math-verify's time
+limits (``SIGALRM``) hold; called from another thread they are off and very long
+answers are truncated instead, so scoring always terminates.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class MATH500(BuiltinSuite):
     primary_metric = "accuracy"
     metrics: tuple[str, ...] = ("accuracy", "boxed")
     tokens_per_example = 1200
+    score_in_process = True  # symbolic comparisons take up to TIMEOUT_SECONDS: off the loop
     data_file = "math500/test.jsonl.gz"
     fewshot_file = "math500/fewshot.jsonl.gz"
 

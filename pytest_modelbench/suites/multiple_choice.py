@@ -84,6 +84,7 @@ class MultipleChoiceSuite(BuiltinSuite):
     primary_metric = "accuracy"
     metrics: tuple[str, ...] = ("accuracy", "answered")
     tokens_per_example = 400
+    version = "2"  # 2: quoted letters, "... is E." and a last sentence naming one option are read
     topic = ""  # "about medicine" in the instruction; per-subject for MMLU
     max_fewshot = 5
     subjects: tuple[str, ...] | None = None  # allowed values of the ``subjects`` env arg

@@ -1,0 +1,63 @@
+"""Heavy scorers run in worker processes, in their main threads, and score as they would inline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from pytest_modelbench.running import scoring
+from pytest_modelbench.suites import load_suite
+from pytest_modelbench.suites.math500 import MATH500, TIMEOUT_SECONDS, _timeout
+
+
+def test_only_suites_asking_for_it_and_loadable_by_name_use_the_pool() -> None:
+    class Custom(MATH500):  # not in the registry: a worker could not load it by name
+        pass
+
+    assert scoring.in_process_pool(load_suite("math500"))
+    assert not scoring.in_process_pool(load_suite("gsm8k"))
+    assert not scoring.in_process_pool(load_suite("humaneval"))  # waits: a thread is enough
+    assert not scoring.in_process_pool(Custom())
+
+
+def test_pool_scores_equal_inline_scores() -> None:
+    suite = load_suite("math500")
+    examples = list(suite.examples({}, 0))[:12]
+    replies = [
+        suite.reference_completion(e) if i % 3 else suite.wrong_completion(e)
+        for i, e in enumerate(examples)
+    ]
+
+    async def pooled() -> list[tuple[dict[str, float], object]]:
+        scorer, _ = scoring.off_loop_scorer(suite, iter([(examples[0], 0)]))
+        scores = await asyncio.gather(
+            *(scorer(e, r) for e, r in zip(examples, replies, strict=True))
+        )
+        return [(dict(s.metrics), s.extracted) for s in scores]
+
+    inline = [suite.score(e, r) for e, r in zip(examples, replies, strict=True)]
+    assert asyncio.run(pooled()) == [(dict(s.metrics), s.extracted) for s in inline]
+    assert sum(s.metrics["accuracy"] for s in inline) == 8  # a mix, so equality means something
+
+
+def test_workers_score_in_their_main_thread_where_timeouts_hold() -> None:
+    """math-verify's limits use SIGALRM: on in a worker (main thread), off in a thread here."""
+    assert scoring._executor().submit(_timeout).result(timeout=120) == TIMEOUT_SECONDS
+    seen: list[int | None] = []
+    worker = threading.Thread(target=lambda: seen.append(_timeout()))
+    worker.start()
+    worker.join()
+    assert seen == [None]
+    assert scoring._executor().submit(os.getpid).result(timeout=60) != os.getpid()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("3", 3), ("0", None), ("x", None), ("", None)])
+def test_pool_size_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: int | None
+) -> None:
+    monkeypatch.setenv(scoring.WORKERS_ENV, value)
+    default = max(1, min(scoring.MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
+    assert scoring.workers() == (expected if expected is not None else default)
