@@ -10,6 +10,7 @@ imported only when a parquet file is written.
 from __future__ import annotations
 
 import csv
+import hashlib
 import heapq
 import io
 import json
@@ -234,6 +235,39 @@ def arrow_schema() -> Any:
             "modelbench.schema": "results",
         },
     )
+
+
+def parquet_inputs_key(run: RunData) -> str:
+    """What ``results.parquet`` is made of, cheaply: each item's columns and its journal's size
+    and modification time. Equal keys mean an equal file (nothing is read to tell)."""
+    parts: list[Any] = [PARQUET_SCHEMA_VERSION, run.run_id]
+    for item in run.items:
+        journal = ItemStore(run.item_dir(item)).journal.path
+        try:
+            stat = journal.stat()
+            state: tuple[int, int] | None = (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            state = None
+        fields = (item.item_id, item.model, item.env, item.variant, item.module, item.seed)
+        parts.append([*fields, item.metric, state])
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
+def write_parquet_if_changed(run: RunData, path: Path) -> bool:
+    """Write ``results.parquet`` unless it was written from the same inputs (kept in a sidecar
+    file); True when written. A finished run re-reported from the store imports no pyarrow."""
+    sidecar = path.with_name(f".{path.name}.inputs")
+    key = parquet_inputs_key(run)
+    try:
+        if path.exists() and sidecar.read_text() == key:
+            return False
+    except OSError:
+        pass
+    write_parquet(run, path)
+    tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
+    tmp.write_text(key)
+    os.replace(tmp, sidecar)
+    return True
 
 
 def write_parquet(run: RunData, path: Path, batch_rows: int = 10_000) -> int:

@@ -49,13 +49,17 @@ def write_run_reports(
     from pytest_modelbench.reporting.html import write_report
     from pytest_modelbench.reporting.leaderboard import write_leaderboards
     from pytest_modelbench.reporting.model import load_run
-    from pytest_modelbench.reporting.rows import PARQUET_NAME, ParquetUnavailable, write_parquet
+    from pytest_modelbench.reporting.rows import (
+        PARQUET_NAME,
+        ParquetUnavailable,
+        write_parquet_if_changed,
+    )
 
     run = load_run(run_dir, records)
     paths = [write_report(run, examples=examples), *write_leaderboards(run)]
     note = None
     try:
-        write_parquet(run, run_dir / PARQUET_NAME)
+        write_parquet_if_changed(run, run_dir / PARQUET_NAME)  # kept when its inputs are
         paths.append(run_dir / PARQUET_NAME)
     except ParquetUnavailable as exc:
         note = f"{PARQUET_NAME} skipped: {exc}"

@@ -213,3 +213,21 @@ def test_writing_parquet_does_not_import_pandas(tmp_path: Path) -> None:
     rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
     assert [r["score"] for r in rows] == [1.0, 0.0, 0.5]
     assert [dict(r["metrics"]) for r in rows][1] == {"accuracy": 0.0}
+
+
+def test_parquet_is_rewritten_only_when_its_inputs_change(tmp_path: Path) -> None:
+    from pytest_modelbench.reporting.rows import write_parquet_if_changed
+
+    run_dir = craft_run(
+        tmp_path, "r", {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0, 0.0]}}
+    )
+    out = run_dir / "results.parquet"
+    assert write_parquet_if_changed(load_run(run_dir), out)
+    assert not write_parquet_if_changed(load_run(run_dir), out)  # a re-report: nothing to do
+    journal = run_dir / "m-qa-seed0" / "results.jsonl"
+    with journal.open("a") as handle:  # a resumed item adds an example
+        handle.write(journal.read_text().splitlines()[0].replace('"ex0"', '"ex9"') + "\n")
+    assert write_parquet_if_changed(load_run(run_dir), out)
+    assert len(pq.read_table(out)) == 3
+    out.unlink()  # a deleted file is written again
+    assert write_parquet_if_changed(load_run(run_dir), out) and out.exists()
