@@ -69,6 +69,7 @@ class SuiteBackend:
 
         # lazily: the HTTP client loads only when an item runs (pytest start-up)
         from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
+        from pytest_modelbench.running.prefetch import prefetch
         from pytest_modelbench.running.runner import (
             EndpointGone,
             LoopSettings,
@@ -118,6 +119,8 @@ class SuiteBackend:
                 )
 
         journal.open()
+        if total > len(done):
+            prefetch()  # pyarrow for session end, while this item waits on its server
         try:
             loop_stats = asyncio.run(main()) if total > len(done) else None
         except EndpointGone as exc:
