@@ -47,9 +47,15 @@ class ForwardProxy:
                 time.sleep(0.05)
         raise RuntimeError(f"proxy.py did not start: {log.read_text()[-2000:]}")
 
-    def seen(self, needle: str) -> bool:
-        """Whether the proxy logged a request for ``needle`` (it logs at connection close)."""
-        return needle in self.log.read_text(errors="replace")
+    def seen(self, needle: str, wait_s: float = 15.0) -> bool:
+        """Whether the proxy logged a request for ``needle``. It logs when the connection
+        closes, which on a loaded machine can come a moment after the client is done."""
+        deadline = time.monotonic() + wait_s
+        while needle not in self.log.read_text(errors="replace"):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -111,8 +117,8 @@ def test_http_endpoint_through_a_real_proxy(
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(passed=1)
     assert sum(1 for r in server.requests if r.path.endswith("completions")) == 10
-    forward_proxy.stop()  # the proxy logs a connection when it closes
     assert forward_proxy.seen(f"{server.base_url.split('//')[1]}/chat/completions")
+    forward_proxy.stop()
 
 
 def test_no_proxy_sends_loopback_directly(
@@ -123,8 +129,8 @@ def test_no_proxy_sends_loopback_directly(
     proxy_env.setenv("NO_PROXY", "localhost,127.0.0.1")
     configure(project, server.base_url, n=5)
     project.pytester.runpytest("benchmarks/", "--model", "alpha").assert_outcomes(passed=1)
-    forward_proxy.stop()
-    assert not forward_proxy.seen("/v1/")
+    forward_proxy.stop()  # its log is complete once it has stopped
+    assert not forward_proxy.seen("/v1/", wait_s=0)
 
 
 def test_https_endpoint_through_a_connect_tunnel(
@@ -145,8 +151,8 @@ def test_https_endpoint_through_a_connect_tunnel(
     texts, server = asyncio.run(go())
     assert texts == ["tunnelled 0", "tunnelled 1", "tunnelled 2"]
     assert server.connections == 1  # one tunnel, kept alive
-    forward_proxy.stop()
     assert forward_proxy.seen(f"CONNECT 127.0.0.1:{server.port}")
+    forward_proxy.stop()
 
 
 def test_a_proxy_that_refuses_the_tunnel_is_a_clear_error(

@@ -52,6 +52,7 @@ def test_a_dying_engine_fails_the_item_with_its_cause_and_log(
     monkeypatch.setenv("FAKE_VLLM_CRASH_AFTER", "2")
     monkeypatch.setenv("FAKE_VLLM_CRASH_LOG", str(CRASH_LOG))
     monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the log is named after it
     models(pytester.path, gpus=1, names=("m1",))
     result = pytester.runpytest_subprocess(
         "benchmarks/", "--model", "m1", "--seeds", "0", "--max-concurrent", "1", "--run-id", "r"
