@@ -95,6 +95,34 @@ def project(pytester: pytest.Pytester) -> Project:
     return Project(pytester)
 
 
+UNREACHABLE_URL = "http://127.0.0.1:9/v1"  # nothing listens: a test that sent a request fails
+
+
+def with_qa(project: Project) -> Project:
+    """``alpha`` at an unreachable endpoint and a 3-example ``qa`` jsonl environment."""
+    project.qa("qa", 3)
+    project.models({"alpha": {"model": "m", "api_base_url": UNREACHABLE_URL}})
+    project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
+    return project
+
+
+@pytest.fixture
+def base(project: Project) -> Project:
+    """A project that plans but must never send a request (see :func:`with_qa`)."""
+    return with_qa(project)
+
+
+def one_usage_error(project: Project, *args: str) -> str:
+    """The one ``ERROR:`` line of ``pytest benchmarks/ *args`` stopped by a usage error."""
+    result = project.pytester.runpytest("benchmarks/", *args)
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1, result.errlines
+    assert "Traceback" not in output
+    return errors[0]
+
+
 @pytest.fixture
 def sim(mb_sim_server: SimServerFactory) -> SimServerFactory:
     """Started simulated servers: the shipped ``mb_sim_server`` fixture (stopped at teardown)."""

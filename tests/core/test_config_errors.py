@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from tests.conftest import UNREACHABLE_URL, Project, one_usage_error
 
-from tests.conftest import Project
-
-URL = "http://127.0.0.1:9/v1"
-
-
-@pytest.fixture
-def base(project: Project) -> Project:
-    project.qa("qa", 3)
-    project.models({"alpha": {"model": "m", "api_base_url": URL}})
-    project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
-    return project
+URL = UNREACHABLE_URL
 
 
 def usage_error(project: Project, *args: str) -> str:
-    result = project.pytester.runpytest("benchmarks/", "--collect-only", *args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
-    errors = [line for line in result.errlines if line.startswith("ERROR:")]
-    assert len(errors) == 1, result.errlines
-    assert "Traceback" not in result.stdout.str() + result.stderr.str()
-    return errors[0]
+    return one_usage_error(project, "--collect-only", *args)
 
 
 def test_unknown_key_in_env_suggests_the_right_one(base: Project) -> None:

@@ -9,28 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Project, configure, manifest
+from tests.conftest import UNREACHABLE_URL, Project, configure, manifest, one_usage_error
 
-URL = "http://127.0.0.1:9/v1"  # nothing listens: a test that reached a request would fail
-
-
-@pytest.fixture
-def base(project: Project) -> Project:
-    project.qa("qa", 3)
-    project.models({"alpha": {"model": "m", "api_base_url": URL}})
-    project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
-    return project
+URL = UNREACHABLE_URL
 
 
 def usage_error(project: Project, *args: str) -> str:
     """The one ``ERROR:`` line of a run that stopped with a usage error."""
-    result = project.pytester.runpytest("benchmarks/", *args)
-    output = result.stdout.str() + result.stderr.str()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
-    errors = [line for line in result.errlines if line.startswith("ERROR:")]
-    assert len(errors) == 1, result.errlines
-    assert "Traceback" not in output
-    return errors[0]
+    return one_usage_error(project, *args)
 
 
 # -- empty values given explicitly ------------------------------------------------------------

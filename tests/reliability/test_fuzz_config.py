@@ -36,7 +36,7 @@ from pytest_modelbench.config.options import OPTIONS, RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.planning.item import Plan
 from pytest_modelbench.planning.plan import build_plan
-from tests.conftest import Project
+from tests.conftest import Project, one_usage_error, with_qa
 
 EXAMPLES = int(os.environ.get("MODELBENCH_FUZZ_EXAMPLES", "300"))
 """Examples per property (raise it for a longer hunt: MODELBENCH_FUZZ_EXAMPLES=5000)."""
@@ -506,21 +506,11 @@ def test_command_line_overrides(root: Path, chosen: dict[str, Any], ini: dict[st
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> Project:
-    project = Project(pytester)
-    project.qa("qa", 3)
-    project.models({"alpha": {"model": "m", "api_base_url": URL}})
-    project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
-    return project
+    return with_qa(Project(pytester))
 
 
 def one_error_line(project: Project, *args: str) -> str:
-    result = project.pytester.runpytest("benchmarks/", "--collect-only", *args)
-    output = result.stdout.str() + result.stderr.str()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
-    errors = [line for line in result.errlines if line.startswith("ERROR:")]
-    assert len(errors) == 1, result.errlines
-    assert "Traceback" not in output
-    return errors[0]
+    return one_usage_error(project, "--collect-only", *args)
 
 
 @pytest.mark.parametrize(
