@@ -17,13 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.names import safe_component
+from pytest_modelbench.planning.plan import BUILT_IN_MODELS, SMOKE, SMOLLM2
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
 
-SMOKE = "smoke"
-SMOLLM2 = "smollm2-135m"  # pytest_modelbench.serving.smollm2.SMOLLM2
-BUILT_IN_MODELS = (SMOKE, SMOLLM2)
 MAX_RESTARTS = 1
 
 
