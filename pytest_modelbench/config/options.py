@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_modelbench.errors import ModelbenchUsageError, is_text, shown_value
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, is_text, shown_value
 
 Kind = Literal["str", "int", "float", "flag"]
 
@@ -35,6 +35,7 @@ class Option:
 PROGRESS_MODES = ("auto", "tty", "lines", "off")
 DIST_MODES = ("modelbench", "off")
 CORRECTIONS = ("none", "holm")
+TRACKER_NAMES = ("wandb", "mlflow")
 
 OPTIONS: tuple[Option, ...] = (
     Option("--model", "model", "models to run: NAME[,NAME], 'all', an HF id/path, or 'smoke'"),
@@ -125,6 +126,18 @@ OPTIONS: tuple[Option, ...] = (
         metavar="EXAMPLES",
     ),
     Option(
+        "--mb-tracker",
+        "trackers",
+        "log each item's score to experiment trackers: wandb, mlflow (comma list)",
+        metavar="TRACKER",
+    ),
+    Option(
+        "--mb-tracker-project",
+        "tracker_project",
+        "W&B project / MLflow experiment for --mb-tracker (default: modelbench)",
+        metavar="PROJECT",
+    ),
+    Option(
         "--mb-no-reports",
         "no_reports",
         "do not write report.html, leaderboard.* and results.parquet into the run directory",
@@ -148,7 +161,7 @@ def add_options(parser: pytest.Parser) -> None:
         if option.kind == "flag":
             kwargs.update(action="store_true", default=None)
         else:
-            metavar = (
+            metavar = option.metavar or (
                 option.dest.split("_")[-1]
                 if option.dest.startswith(("progress", "report"))
                 else option.dest
@@ -426,6 +439,8 @@ class ReportOptions:
     progress_interval: float | None
     report_examples: int
     write_reports: bool
+    trackers: tuple[str, ...] = ()  # --mb-tracker, known names
+    tracker_project: str = "modelbench"
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ReportOptions:
@@ -455,4 +470,19 @@ class ReportOptions:
             raise ModelbenchUsageError(
                 f"--mb-report-examples: expected a whole number >= 0, got {examples_raw!r}"
             )
-        return cls(progress, interval, examples, not bool(_raw(config, "no_reports")))
+        trackers = tuple(name.lower() for name in _as_list(_raw(config, "trackers")))
+        for name in trackers:
+            if name not in TRACKER_NAMES:
+                raise ModelbenchUsageError(
+                    f"--mb-tracker: unknown tracker {name!r}{did_you_mean(name, TRACKER_NAMES)}; "
+                    f"use {' or '.join(TRACKER_NAMES)} (comma-separated for both)"
+                )
+        project = str(_raw(config, "tracker_project") or "modelbench").strip() or "modelbench"
+        return cls(
+            progress,
+            interval,
+            examples,
+            not bool(_raw(config, "no_reports")),
+            tuple(dict.fromkeys(trackers)),
+            project,
+        )

@@ -11,19 +11,17 @@ still matches.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.names import safe_component
+from pytest_modelbench.names import checkpoint_of, safe_component
 from pytest_modelbench.store.files import read_json
 from pytest_modelbench.store.runstore import MANIFEST, RunStore
 
 LEADERBOARD_JSON = "leaderboard.json"
-_STEP = re.compile(r"^(?P<base>.+)-step(?P<step>\d+)$")
 
 
 def _float(value: Any) -> float | None:
@@ -83,8 +81,7 @@ class ItemRecord:
     @property
     def checkpoint(self) -> tuple[str, int] | None:
         """``(family, step)`` for checkpoint-sweep models named ``<name>-step<N>``."""
-        match = _STEP.match(self.model)
-        return (match["base"], int(match["step"])) if match else None
+        return checkpoint_of(self.model)
 
     @property
     def failed(self) -> bool:

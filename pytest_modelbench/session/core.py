@@ -284,10 +284,20 @@ class ModelbenchSession:
         deferred = self.options.correction == "holm" and verdict.p_value is not None
         result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
         _record_properties(node, item, result)
-        self.config.hook.pytest_modelbench_item_finished(
-            config=self.config, item_id=item.item_id, summary=result.summary, result=result
-        )
         return result
+
+    def tracker_config(self) -> dict[str, Any]:
+        """What an experiment tracker's run records about this session: names and counts only
+        (no endpoint, no paths, nothing that could hold a secret)."""
+        items = self.plan.items
+        return {
+            "run_id": self.run_dir.name,
+            "models": ",".join(sorted({i.model_name for i in items})),
+            "envs": ",".join(sorted({i.env for i in items})),
+            "seeds": ",".join(str(s) for s in sorted({i.seed for i in items})),
+            "items": len(items),
+            "num_examples": self.options.num_examples if self.options.num_examples else "all",
+        }
 
     def _settle_interrupted(self) -> None:
         """Ctrl-C or SIGTERM stopped this process's items: their manifest entries say
@@ -324,6 +334,37 @@ class ModelbenchSession:
         record = ItemProperties.from_report(report)
         if record is not None:
             self.records.append(record)
+            self._announce_finished(record)
+
+    def _announce_finished(self, record: dict[str, Any]) -> None:
+        """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items
+        of every worker arrive here); its summary is read back from the shared run directory."""
+        hook = self.config.hook.pytest_modelbench_item_finished
+        if not hook.get_hookimpls() or record.get("metric") is None or self._run_dir is None:
+            return  # nobody listens (the common case costs nothing), or the item has no result
+        store = RunStore(self._run_dir).item(str(record["item"]))
+        summary = store.read_summary()
+        if summary is None:
+            return
+        # lazily: only sessions with a listener rebuild verdicts
+        from pytest_modelbench.gating.gates import GateVerdict
+
+        gate = record.get("gate")
+        result = EvalResult(
+            item_id=str(record["item"]),
+            model=str(record["model"]),
+            env=str(record["env"]),
+            variant=str(record["variant"]),
+            seed=int(record["seed"]),
+            metric=str(record["metric"]),
+            summary=summary,
+            directory=store.directory,
+            from_store=bool(record.get("from_store")),
+            recompute_reason=record.get("recomputed"),
+            verdict=GateVerdict.from_dict(json.loads(gate)) if gate else None,
+            gate_deferred=str(record.get("verdict", "")).endswith("(Holm pending)"),
+        )
+        hook(config=self.config, item_id=result.item_id, summary=summary, result=result)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:

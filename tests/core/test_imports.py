@@ -16,6 +16,8 @@ HEAVY = (
     "numpy",
     "aiohttp",
     "math_verify",
+    "wandb",
+    "mlflow",
 )
 
 SCRIPT = """
