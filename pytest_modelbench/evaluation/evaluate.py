@@ -56,13 +56,14 @@ def versions() -> dict[str, str]:
 
 
 def fingerprint_parts(item: PlannedItem, backend: Backend) -> dict[str, Any]:
+    backend_parts = backend.fingerprint_parts(item)  # first: a backend may decide its kind here
     return {
         "v": FINGERPRINT_VERSION,
         "model": model_identity(item.model_name, item.model.model, item.model.api, _serve(item)),
         "sampling_args": item.sampling_args(),
         "module": item.variant.module,
         "env_args": dict(item.variant.env_args),
-        "backend": backend.fingerprint_parts(item),
+        "backend": backend_parts,
         "seed": item.seed,
         # a backend that keeps results per example reuses them whatever --num-examples says
         "num_examples": None

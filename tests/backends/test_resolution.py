@@ -28,9 +28,9 @@ def test_bad_module_is_a_usage_error(project: Project, module: str, message: str
 def test_missing_extra_stops_the_run_before_anything_starts(
     project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_modelbench.backends import registry, verifiers_backend
+    from pytest_modelbench.backends import registry, verifiers_common
 
-    monkeypatch.setattr(verifiers_backend.importlib.util, "find_spec", lambda _name: None)
+    monkeypatch.setattr(verifiers_common.importlib.util, "find_spec", lambda _name: None)
     registry._BACKEND_CACHE.pop("verifiers:my-env", None)
     project.models({"m": {"model": "x", "api_base_url": "http://127.0.0.1:9/v1"}})
     project.env("e", [{"id": "e", "module": "verifiers:my-env"}])

@@ -101,7 +101,15 @@ def test_modelbench_alone(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("tool", "module"), [("lm-eval", "lm_eval"), ("verifiers", "verifiers")])
 def test_against_another_tool(tmp_path: Path, tool: str, module: str) -> None:
-    if importlib.util.find_spec(module) is None:
+    if tool == "verifiers":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
+        try:
+            from throughput import classic_python, has_classic_verifiers
+        finally:
+            sys.path.pop(0)
+        if not has_classic_verifiers(classic_python()):
+            pytest.skip("no classic verifiers (0.3.x) Python: bash scripts/setup.sh --vllm-cpu")
+    elif importlib.util.find_spec(module) is None:
         pytest.skip(f"{tool} is not installed (pip install -e '.[{tool}]')")
     data, stdout = measure(tmp_path, f"modelbench,{tool}")
     (setup,) = data["setups"]
