@@ -57,3 +57,8 @@ def register(
     """Register the scheduler hook (controller only); ``mode`` is the parsed ``--mb-dist``."""
     if not is_worker(config):
         config.pluginmanager.register(ModelbenchDist(mode, active, costs), "modelbench-dist")
+        if config.pluginmanager.hasplugin("xdist"):
+            # lazily: only sessions that can distribute need it (pytest start-up)
+            from pytest_modelbench.scheduling.lost import LostWorkers
+
+            config.pluginmanager.register(LostWorkers(), "modelbench-lost-workers")

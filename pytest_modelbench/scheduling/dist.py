@@ -126,6 +126,13 @@ class ModelAffinityScheduling:
         assert self.collection is not None
         return self.collection[crashed]
 
+    def orphans(self) -> list[tuple[int, str]]:
+        """``(index, node id)`` of items no live worker can run any more (workers lost with
+        nobody left to take their held items); they leave the pools."""
+        if self.collection is None:
+            return []
+        return [(i, self.collection[i]) for i in self.policy.drain_if_unrunnable()]
+
     def schedule(self) -> None:
         assert self.collection_is_completed
         if self.collection is not None:  # a node joined later: feed it

@@ -204,6 +204,17 @@ class AffinityPolicy:
                 self._steals[victim] = None
         return crashed
 
+    def drain_if_unrunnable(self) -> list[int]:
+        """When no worker can take work any more (every one gone or told to shut down), empty
+        the pools and return their indices: nobody will run them."""
+        if any(not state.shut for state in self._workers.values()):
+            return []
+        indices = sorted(
+            i for pool in self._pools.values() for *_, job in pool.entries for i in job.indices
+        )
+        self._pools.clear()
+        return indices
+
     def stolen(self, victim: Hashable, indices: Sequence[int], now: float) -> list[Action]:
         """The victim answered a steal (``indices`` empty when it had started some of them)."""
         thief_key = self._steals.pop(victim, None)

@@ -67,6 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def host_of(python: str | None) -> str | None:
+    """The node an xdist ``popen//python=...`` spec reaches through this module, else None."""
+    args = shlex.split(python or "")
+    if __name__ not in args and "pytest_modelbench.serving.remote" not in args:
+        return None
+    at = args.index("pytest_modelbench.serving.remote") + 1
+    known, _ = _parser().parse_known_args(args[at:])
+    return str(known.host)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.worker_args:
