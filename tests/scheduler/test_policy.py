@@ -220,6 +220,17 @@ def test_crashed_worker_returns_its_item_and_the_rest_is_rescheduled() -> None:
     assert set(held[1:]) <= set(sent(p.step(150.0), "w2"))
 
 
+def test_items_of_a_lost_worker_are_drained_only_when_nobody_can_run_them() -> None:
+    p = policy(["w1", "w2"], jobs("a", [100, 90, 80, 70]))
+    p.step(0.0)
+    held = p.pending_indices("w1")
+    assert p.drain_if_unrunnable() == []  # both can still work
+    p.mark_shutdown("w2")
+    p.remove_worker("w1")  # lost; its unstarted items go back to the pools
+    assert p.drain_if_unrunnable() == sorted(held[1:])  # w2 was told to stop: nobody left
+    assert p.unassigned == 0 and p.drain_if_unrunnable() == []
+
+
 def test_finished_when_nothing_is_left_to_hand_out() -> None:
     p = policy(["w1"], jobs("a", [1, 1]))
     assert not p.finished
