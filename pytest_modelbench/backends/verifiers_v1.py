@@ -190,10 +190,13 @@ class V1Taskset:
                     config = vf.resolve_env_config(env_config(self.env_id, item.variant.env_args))
                     self._envs[key] = vf.load_environment(config)
             except Exception as exc:  # pydantic validation, import errors, the loader's own
-                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                # pydantic names the bad key on its second line ("taskset.sytem  Extra inputs
+                # are not permitted"): keep a few lines, joined
+                lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+                detail = " | ".join(lines[:4])[:900]
                 raise ModelbenchUsageError(
                     f"{where}: cannot load verifiers taskset {self.env_id!r}: "
-                    f"{type(exc).__name__}: {first} (env_args: harness, runtime, agent, and "
+                    f"{type(exc).__name__}: {detail} (env_args: harness, runtime, agent, and "
                     "the taskset's config fields; docs/backends.md)"
                 ) from None
         return self._envs[key]

@@ -250,6 +250,8 @@ def build_plan(
     job: JobFile | None = None
     models: dict[str, ModelSpec] = dict(config.models)
     source = display_path(config.models_path)
+    if not config.models_path.exists():
+        source = f"{source} (which does not exist: configs are read from the rootdir)"
     if options.job_file:
         job = load_job_file(options.job_file)
         models.update(job.models)

@@ -186,3 +186,9 @@ def test_relative_run_dir_is_taken_from_the_rootdir(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --run-dir: cannot create run directories in *taken*"])
     assert not (base.root / "benchmarks" / "taken").exists()
+
+
+def test_unknown_model_without_a_models_file_says_the_file_is_missing(project: Project) -> None:
+    line = one_usage_error(project, "--model", "fixed")
+    assert line.startswith("ERROR: --model: unknown model 'fixed'")
+    assert "configs/models.yaml (which does not exist: configs are read from the rootdir)" in line
