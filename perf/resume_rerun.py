@@ -10,7 +10,9 @@ re-runs the same command ``--repeat`` times and prints, as Markdown:
   reporting one item from the store (fingerprint, summary read, gate, report);
 * the mean per-item test time pytest itself measured (setup + call + teardown, from JUnit XML).
 
-The re-run must make zero requests to the server; the script checks it.
+The re-run must send no completion request; the script checks it. What it may ask is the
+endpoint's identity (``GET /v1/models``, once per endpoint and session, so a stored result is
+reused only for the model that made it); the table counts those apart.
 
     python perf/resume_rerun.py [--items 200] [--repeat 3] [-n 2]
 """
@@ -104,21 +106,23 @@ def main() -> None:
             report = root / f"junit-{n}.xml"
             walls.append(pytest_run(root, f"--junitxml={report}", *xdist))
             junit.append(junit_mean_ms(report))
-        requests = len(server.requests)
+        requests = sum(1 for r in server.requests if r.path.endswith("completions"))
+        identity = len(server.requests) - requests
     if requests:
-        sys.exit(f"the re-run made {requests} requests; expected none")
+        sys.exit(f"the re-run made {requests} completion requests; expected none")
     wall, collect = statistics.median(walls), statistics.median(collects)
     per_item = 1000 * (wall - collect) / opts.items
     print(
         "| items | first run (s) | re-run wall (s) | collect-only (s) | re-run ms/item "
-        "(wall - collect) | pytest ms/item (JUnit) | requests |"
+        "(wall - collect) | pytest ms/item (JUnit) | completion requests | "
+        "identity requests (GET /v1/models) |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     label = f"{opts.items} (-n {opts.workers})" if xdist else str(opts.items)
     junit_ms = statistics.median(junit)
     print(
         f"| {label} | {first:.1f} | {wall:.2f} | {collect:.2f} | {per_item:.1f} | "
-        f"{junit_ms:.1f} | {requests} |"
+        f"{junit_ms:.1f} | {requests} | {identity} ({identity // opts.repeat} per re-run) |"
     )
 
 

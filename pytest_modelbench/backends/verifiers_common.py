@@ -8,11 +8,12 @@ import importlib
 import importlib.metadata
 import importlib.util
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean
+from pytest_modelbench.planning.item import PlannedItem
 
 INSTALL = "pip install 'pytest-modelbench[verifiers]'"
 CLASSIC_INSTALL = "pip install 'pytest-modelbench[verifiers-classic]'"
@@ -99,6 +100,20 @@ def _v1() -> Any:
     except ImportError:
         return None
     return v1
+
+
+def primary_metric(item: PlannedItem, names: Callable[[], list[str]], backend: str) -> str:
+    """``metric:`` of a verifiers variant: ``reward`` (the default) or one of ``names()``."""
+    metric = item.variant.metric or "reward"
+    if metric == "reward":
+        return metric
+    known = names()
+    if metric not in known:
+        raise ModelbenchUsageError(
+            f"{Path(item.variant.source).name}: variant {item.variant.id!r}: unknown metric "
+            f"{metric!r}{did_you_mean(metric, known)}; {backend} reports: {', '.join(known)}"
+        )
+    return metric
 
 
 def package_digest(module: str) -> str | None:

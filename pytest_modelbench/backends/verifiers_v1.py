@@ -37,9 +37,10 @@ from pytest_modelbench.backends.verifiers_common import (
     INSTALL,
     package_digest,
     pass_at_k,
+    primary_metric,
     version,
 )
-from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
 from pytest_modelbench.running.summary import summarise_rows
@@ -229,16 +230,7 @@ class V1Taskset:
 
     # -- Backend protocol ----------------------------------------------------------------
     def primary_metric(self, item: PlannedItem) -> str:
-        metric = item.variant.metric or "reward"
-        if metric == "reward":
-            return metric
-        names = self.metric_names(item)
-        if metric not in names:
-            raise ModelbenchUsageError(
-                f"{Path(item.variant.source).name}: variant {item.variant.id!r}: unknown metric "
-                f"{metric!r}{did_you_mean(metric, names)}; {self.name} reports: {', '.join(names)}"
-            )
-        return metric
+        return primary_metric(item, lambda: self.metric_names(item), self.name)
 
     def fingerprint_parts(self, item: PlannedItem) -> dict[str, Any]:
         """Version, the taskset package's source, harness and runtime. Not the selection: a

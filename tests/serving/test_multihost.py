@@ -51,6 +51,24 @@ def tx(root: Path, host: str, workers: int = 2) -> list[str]:
     return ["--tx", spec + "".join(f"//env:{name}={value}" for name, value in env.items())]
 
 
+def check_placement(root: Path, fake_vllm: Path) -> None:
+    """Each worker's server ran on a GPU of the worker's own host (``FAKE_HOST``), claimed in
+    that host's directory; on each host the two workers took both GPUs, none twice; one start
+    per model, in the project directory although ssh landed elsewhere."""
+    servers = starts(fake_vllm)
+    placed: dict[str, tuple[str, str]] = {}  # worker -> (host, CUDA_VISIBLE_DEVICES)
+    for server in servers:
+        where = (server["host"], server["gpus"])
+        assert server["gpus"] in HOSTS[server["host"]], server
+        assert placed.setdefault(server["worker"], where) == where, server
+    for host, gpus in HOSTS.items():
+        assert sorted(gpu for h, gpu in placed.values() if h == host) == sorted(gpus)
+        claims = sorted(p.name for p in (root / f"host-{host}" / "gpu-locks").iterdir())
+        assert claims == sorted(f"gpu-{g}.lock" for g in gpus)
+    assert sorted(s["model"] for s in servers) == sorted(MODELS)
+    assert {s["cwd"] for s in servers} == {str(root)}
+
+
 def test_two_hosts_share_one_run_directory(
     pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,20 +105,7 @@ def test_two_hosts_share_one_run_directory(
     assert len(asked) == len(items) * EXAMPLES
     assert set(asked.values()) == {1}
 
-    # each worker's server ran on a GPU of the worker's own host, claimed in that host's
-    # directory; on each host the two workers took both GPUs, none twice
-    servers = starts(fake_vllm)
-    placed: dict[str, tuple[str, str]] = {}  # worker -> (host, CUDA_VISIBLE_DEVICES)
-    for server in servers:
-        where = (server["host"], server["gpus"])
-        assert server["gpus"] in HOSTS[server["host"]], server
-        assert placed.setdefault(server["worker"], where) == where, server
-    for host, gpus in HOSTS.items():
-        assert sorted(gpu for h, gpu in placed.values() if h == host) == sorted(gpus)
-        claims = sorted(p.name for p in (root / f"host-{host}" / "gpu-locks").iterdir())
-        assert claims == sorted(f"gpu-{g}.lock" for g in gpus)
-    assert sorted(s["model"] for s in servers) == sorted(MODELS)  # one start per model
-    assert {s["cwd"] for s in servers} == {str(root)}  # ssh landed in /, the worker came back
+    check_placement(root, fake_vllm)
 
     # one run directory, one consistent manifest naming every item once
     run_dir = root / "shared" / "runs" / "sweep"
@@ -111,7 +116,7 @@ def test_two_hosts_share_one_run_directory(
         rows = (run_dir / item / "results.jsonl").read_text().splitlines()
         assert len(rows) == EXAMPLES
     logs = {p.name for p in (run_dir / "servers").iterdir()}
-    assert logs == {f"{s['worker']}-{s['model']}.log" for s in servers}
+    assert logs == {f"{s['worker']}-{s['model']}.log" for s in starts(fake_vllm)}
 
 
 def test_remote_command_runs_this_python_in_this_directory() -> None:
