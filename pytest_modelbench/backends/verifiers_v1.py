@@ -48,7 +48,9 @@ from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
 DEFAULT_HARNESS = "null"
 DEFAULT_RUNTIME = "subprocess"
-NO_KEY_VAR = "MODELBENCH_NO_API_KEY"  # never set: a served model gets the key "EMPTY"
+# verifiers reads the key from this variable in this process; its subprocess runtime removes
+# every variable whose name contains API_KEY from a harness's environment
+KEY_VAR = "MODELBENCH_V1_API_KEY"
 RETRYABLE_STOPS = frozenset({"provider_error", "interception_error"})
 # Each rollout is a program (a fresh Python importing openai and mcp, ~1.5 CPU-s): more of
 # them at once than the CPUs can run only slows every one of them down.
@@ -94,6 +96,36 @@ def uv_on_path(directory: str) -> Iterator[None]:
         yield
     finally:
         os.environ["PATH"] = old
+
+
+def rollout_slots() -> int:
+    """Harness programs this process may run at once: ``ROLLOUTS_PER_CPU`` per usable core,
+    shared by the xdist workers of this host."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, ROLLOUTS_PER_CPU * cores // max(1, workers))
+
+
+@contextlib.contextmanager
+def key_for_harness(key: str | None, source_var: str | None) -> Iterator[None]:
+    """The item's API key under :data:`KEY_VAR` while its rollouts run (``EMPTY`` without one),
+    and the model's own ``api_key_var`` out of the environment meanwhile, so no harness
+    process sees the key whatever that variable is called (``HF_TOKEN`` has no ``API_KEY``)."""
+    saved = {name: os.environ.get(name) for name in (KEY_VAR, source_var) if name}
+    os.environ[KEY_VAR] = key or "EMPTY"
+    if source_var and source_var != KEY_VAR:
+        os.environ.pop(source_var, None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _text(prompt: Any) -> str:
@@ -211,6 +243,12 @@ class V1Taskset:
         if key not in self._tasks:
             vf, taskset = _vf(), self.environment(item).taskset
             limit = item.num_examples if item.num_examples > 0 else None
+            if limit is None and not getattr(taskset, "bounded", True):
+                raise ModelbenchUsageError(
+                    f"{Path(item.variant.source).name}: variant {item.variant.id!r}: taskset "
+                    f"{self.env_id!r} has no end (its load() yields tasks forever): set "
+                    "num_examples in the variant or pass --num-examples N"
+                )
             if hasattr(vf, "SelectConfig"):  # 0.4
                 chosen = taskset.select(vf.SelectConfig(limit=limit))
             else:  # verifiers.v1 of 0.3.x
@@ -336,14 +374,13 @@ class V1Taskset:
             retry=RetryPolicy(max_retries=item.model.max_retries, backoff_s=endpoint.backoff_s),
         ) as preflight:
             await endpoint.ensure_ready(preflight)
-        key_var = item.model.api_key_var or ("OPENAI_API_KEY" if endpoint.api_key else NO_KEY_VAR)
         model = vf.ModelContext(
             model=endpoint.served_model,
-            client=vf.EvalClientConfig(base_url=endpoint.base_urls[0], api_key_var=key_var),
+            client=vf.EvalClientConfig(base_url=endpoint.base_urls[0], api_key_var=KEY_VAR),
             sampling=vf.SamplingConfig(**dict(item.sampling_args())),
         )
         env = self.environment(item)
-        limit = max(1, min(item.model.max_concurrent, ROLLOUTS_PER_CPU * (os.cpu_count() or 1)))
+        limit = max(1, min(item.model.max_concurrent, rollout_slots()))
         semaphore = asyncio.Semaphore(limit)
 
         async def one(task: Any, example: str, rollout: int) -> None:
@@ -366,7 +403,10 @@ class V1Taskset:
             )
 
         try:
-            with quiet_logger("verifiers"):
+            with (
+                quiet_logger("verifiers"),
+                key_for_harness(endpoint.api_key, item.model.api_key_var),
+            ):
                 async with env.serving():
                     await asyncio.gather(*(one(t, ex, r) for t, ex, r in todo))
         except (ModelbenchUsageError, EvaluationError):

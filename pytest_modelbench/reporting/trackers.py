@@ -5,8 +5,9 @@ implementation of ``pytest_modelbench_item_finished``. One tracker run per pytes
 named after the run directory; one entry per item (score, CI, stderr, n, errors, verdict) and,
 for checkpoint sweeps (``<name>-step<N>`` models), score against the checkpoint step. What a
 tracker receives is the item's numbers and names only: no endpoint, no sampling secrets, no
-environment. A tracker that cannot start or log warns once and is dropped; the benchmark run
-goes on (a tracker never fails a gate).
+environment, and W&B's own metadata (command line, git, paths, host) is off. A tracker that
+cannot start or log is named in one line of the terminal summary and dropped; the benchmark
+run goes on (a tracker never fails a gate or changes the exit code).
 
 W&B follows its own settings (``WANDB_MODE=offline``, ``WANDB_DIR``, ``WANDB_ENTITY``...);
 MLflow uses ``MLFLOW_TRACKING_URI`` (its default is a local ``mlflow.db``).
@@ -14,12 +15,13 @@ MLflow uses ``MLFLOW_TRACKING_URI`` (its default is a local ``mlflow.db``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
-import warnings
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import pytest
 
@@ -32,13 +34,11 @@ TRACKER_PLUGIN = "modelbench-trackers"
 DEFAULT_PROJECT = "modelbench"
 
 
-class TrackerWarning(UserWarning):
-    """A tracker could not start or log; the run goes on without it."""
-
-
 @dataclass(frozen=True)
 class TrackedItem:
-    """One finished item as every tracker logs it."""
+    """One finished item as every tracker logs it (``items.json``, the W&B table)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
 
     item: str  # the item id (model-variant-seed)
     model: str  # the model label (a sweep's ``<name>-step<N>``)
@@ -101,7 +101,8 @@ class TrackedItem:
             "stderr": self.stderr,
             "n": self.n,
             "errors": self.errors,
-            "passed": None if self.verdict.startswith("no baseline") else self.verdict == "pass",
+            # decided verdicts only ("no baseline" has none; "... (Holm pending)" not yet)
+            "passed": self.verdict == "pass" if self.verdict in ("pass", "fail") else None,
             "baseline": self.baseline,
             "p_value": self.p_value,
         }
@@ -138,7 +139,16 @@ class WandbTracker:
             config=dict(config),
             job_type="eval",
             reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off"),
+            # no metadata: W&B would record the command line (an --api-base-url with a
+            # token in it), the git remote, paths, host and user
+            settings=wandb.Settings(
+                silent=True,
+                console="off",
+                x_disable_meta=True,
+                disable_git=True,
+                disable_code=True,
+                x_save_requirements=False,
+            ),
         )
         self._run.define_metric("checkpoint_step")
 
@@ -151,7 +161,9 @@ class WandbTracker:
         self._run.summary[f"{entry.item}/verdict"] = entry.verdict
 
     def finish(self, entries: Sequence[TrackedItem], failed: bool) -> None:
-        columns: list[str | int] = list(TrackedItem.__dataclass_fields__)
+        for entry in entries:  # final verdicts (Holm decides deferred ones at session end)
+            self._run.summary[f"{entry.item}/verdict"] = entry.verdict
+        columns: list[str | int] = [f.name for f in dataclasses.fields(TrackedItem)]
         table = self._wandb.Table(columns=columns)
         for entry in entries:
             row = asdict(entry)
@@ -183,15 +195,28 @@ class MlflowTracker:
             self._client.log_param(self._run_id, name, str(value)[:500])
 
     def log_item(self, entry: TrackedItem) -> None:
+        # lazily: mlflow loads only for sessions that asked for it (pytest start-up)
+        from mlflow.entities import Metric, RunTag
+
         step = entry.step if entry.step is not None else 0
-        for name, value in entry.numbers().items():
-            self._client.log_metric(
-                self._run_id, _mlflow_key(f"{entry.key}/{name}"), value, step=step
-            )
-        self._client.set_tag(self._run_id, _mlflow_key(f"verdict/{entry.item}"), entry.verdict)
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(_mlflow_key(f"{entry.key}/{name}"), value, now, step)
+            for name, value in entry.numbers().items()
+        ]
+        tags = [RunTag(_mlflow_key(f"verdict/{entry.item}"), entry.verdict)]
+        self._client.log_batch(self._run_id, metrics=metrics, tags=tags)  # one call per item
 
     def finish(self, entries: Sequence[TrackedItem], failed: bool) -> None:
-        self._client.log_dict(self._run_id, {"items": [asdict(e) for e in entries]}, "items.json")
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(_mlflow_key(f"verdict/{e.item}"), e.verdict) for e in entries]
+        self._client.log_batch(self._run_id, tags=tags)  # final verdicts (Holm at session end)
+        items = {
+            "schema_version": TrackedItem.SCHEMA_VERSION,
+            "items": [asdict(e) for e in entries],
+        }
+        self._client.log_dict(self._run_id, items, "items.json")
         self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
 
 
@@ -220,7 +245,10 @@ def check_trackers(names: Sequence[str]) -> None:
 
 class TrackerReporter:
     """Registered on the controller with ``--mb-tracker``: starts the tracker runs with the first
-    finished item (a session without items creates none) and closes them at session end."""
+    finished item (a session without items creates none), finishes them with the session's
+    final verdicts (after ``--mb-correction holm``) and prints what went wrong in the terminal
+    summary: a tracker's trouble is never a warning a ``filterwarnings = error`` could turn
+    into a failed session."""
 
     def __init__(
         self,
@@ -228,13 +256,16 @@ class TrackerReporter:
         project: str,
         run_id: Callable[[], str],
         config: Callable[[], Mapping[str, Any]],
+        verdicts: Callable[[], Mapping[str, str]],
     ) -> None:
         self.names = tuple(names)
         self.project = project
         self._run_id = run_id
         self._config = config
+        self._verdicts = verdicts  # item id -> final verdict, once the session decided them
         self._trackers: list[Tracker] | None = None
         self.entries: list[TrackedItem] = []
+        self.problems: list[str] = []
 
     def _started(self) -> list[Tracker]:
         if self._trackers is None:
@@ -245,7 +276,7 @@ class TrackerReporter:
                         TRACKERS[name][1](self.project, self._run_id(), self._config())
                     )
                 except Exception as exc:  # a tracker's failure must not stop the benchmarks
-                    _warn(name, "could not start a run", exc)
+                    self._problem(name, "could not start a run", exc)
         return self._trackers
 
     def pytest_modelbench_item_finished(self, result: EvalResult) -> None:
@@ -255,18 +286,36 @@ class TrackerReporter:
             try:
                 tracker.log_item(entry)
             except Exception as exc:  # a tracker's failure must not stop the benchmarks
-                _warn(tracker.name, f"could not log {entry.item}; not logging further", exc)
+                self._problem(tracker.name, f"could not log {entry.item}; not logging further", exc)
                 self._started().remove(tracker)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        failed = session.exitstatus not in (pytest.ExitCode.OK, 0)
-        for tracker in self._trackers or ():
+    def finish(self, failed: bool) -> None:
+        """Close the tracker runs (once), with every item's final verdict."""
+        trackers, self._trackers = self._trackers or [], []
+        if not trackers:
+            return
+        final = self._verdicts()
+        entries = [
+            dataclasses.replace(e, verdict=final.get(e.item, e.verdict)) for e in self.entries
+        ]
+        for tracker in trackers:
             try:
-                tracker.finish(self.entries, failed)
+                tracker.finish(entries, failed)
             except Exception as exc:  # a tracker's failure must not stop the benchmarks
-                _warn(tracker.name, "could not finish its run", exc)
-        self._trackers = None
+                self._problem(tracker.name, "could not finish its run", exc)
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        self.finish(failed=exitstatus != 0)
+        for problem in self.problems:
+            terminalreporter.write_line(f"modelbench: {problem}", yellow=True)
+
+    def pytest_unconfigure(self) -> None:
+        self.finish(failed=False)  # a session without a terminal summary (-p no:terminal)
+
+    def _problem(self, name: str, what: str, exc: BaseException) -> None:
+        text = redact(str(exc)).strip()  # a tracker's server may echo what it was sent
+        message = text.splitlines()[0][:300] if text else ""
+        self.problems.append(f"--mb-tracker {name}: {what}: {type(exc).__name__}: {message}")
 
 
 def register(
@@ -275,6 +324,7 @@ def register(
     project: str,
     run_id: Callable[[], str],
     run_config: Callable[[], Mapping[str, Any]],
+    verdicts: Callable[[], Mapping[str, str]],
 ) -> None:
     """Called by ``plugin.start_session`` on the controller when ``--mb-tracker`` is given."""
     try:
@@ -282,16 +332,7 @@ def register(
     except ModelbenchUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(
-        TrackerReporter(names, project, run_id, run_config), TRACKER_PLUGIN
-    )
-
-
-def _warn(name: str, what: str, exc: BaseException) -> None:
-    text = redact(str(exc)).strip()  # a tracker's server may echo what it was sent
-    message = text.splitlines()[0][:300] if text else ""
-    warnings.warn(
-        TrackerWarning(f"--mb-tracker {name}: {what}: {type(exc).__name__}: {message}"),
-        stacklevel=2,
+        TrackerReporter(names, project, run_id, run_config, verdicts), TRACKER_PLUGIN
     )
 
 
@@ -299,7 +340,6 @@ __all__ = [
     "TRACKER_PLUGIN",
     "TrackedItem",
     "TrackerReporter",
-    "TrackerWarning",
     "check_trackers",
     "register",
 ]

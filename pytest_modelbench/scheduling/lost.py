@@ -20,7 +20,9 @@ from pytest_modelbench.serving.remote import host_of
 
 def where(node: Any) -> str:
     """``node HOST`` for a worker started through ``serving.remote``, else ``this node``."""
-    host = host_of(getattr(node.gateway.spec, "python", None))
+    spec = node.gateway.spec
+    ssh = getattr(spec, "ssh", None)  # xdist's own ssh= gateway
+    host = ssh or host_of(getattr(spec, "python", None))
     return f"node {host}" if host else "this node"
 
 
@@ -57,20 +59,23 @@ class LostWorkers:
     def _fail_orphans(self, config: pytest.Config, dsession: Any, lost: Any) -> None:
         orphans = getattr(dsession.sched, "orphans", None)
         for index, nodeid in orphans() if orphans is not None else ():
-            holder = self._held.get(index, lost)
+            holder = self._held.get(index)
             path = nodeid.split("::")[0]
+            why = (
+                f"worker {holder.gateway.id!r} on {where(holder)} went away before it started "
+                f"{nodeid!r}"
+                if holder is not None
+                else f"worker {lost.gateway.id!r} on {where(lost)} went away"
+            )
             report = pytest.TestReport(
                 nodeid=nodeid,
                 location=(path, None, path),
                 keywords={},
                 outcome="failed",
-                longrepr=(
-                    f"not run: worker {holder.gateway.id!r} on {where(holder)} went away before "
-                    f"it started {nodeid!r}, and no other worker is left to run it"
-                ),
+                longrepr=f"not run: {why}, and no other worker is left to run it",
                 when="call",
             )
-            report.node = holder  # type: ignore[attr-defined]  # as xdist's reports carry it
+            report.node = holder or lost  # type: ignore[attr-defined]  # as xdist's reports do
             config.hook.pytest_runtest_logreport(report=report)
 
     @pytest.hookimpl(optionalhook=True)

@@ -26,6 +26,7 @@ from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
+from pytest_modelbench.secrets import redact
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemProperties
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
@@ -55,6 +56,7 @@ class ModelbenchSession:
         self.records: list[dict[str, Any]] = []  # controller: one per finished item (from reports)
         self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
+        self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -364,7 +366,13 @@ class ModelbenchSession:
             verdict=GateVerdict.from_dict(json.loads(gate)) if gate else None,
             gate_deferred=str(record.get("verdict", "")).endswith("(Holm pending)"),
         )
-        hook(config=self.config, item_id=result.item_id, summary=summary, result=result)
+        try:
+            hook(config=self.config, item_id=result.item_id, summary=summary, result=result)
+        except Exception as exc:  # a listener's bug must not stop the session (INTERNALERROR)
+            self.hook_failures.append(
+                f"pytest_modelbench_item_finished raised for {result.item_id}: "
+                f"{type(exc).__name__}: {redact(str(exc))[:300]}"
+            )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
@@ -378,6 +386,8 @@ class ModelbenchSession:
 
         write_summary_table(terminalreporter, self.records, self._run_dir)
         write_recomputed(terminalreporter, self.records)
+        for message in self.hook_failures:
+            terminalreporter.write_line(f"modelbench: {message}", red=True)
         if self.holm_failures:
             terminalreporter.write_sep("=", "regressions after Holm correction", red=True)
             for message in self.holm_failures:

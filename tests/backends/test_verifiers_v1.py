@@ -230,3 +230,17 @@ def test_classic_environment_under_v1_only_verifiers_names_the_way_out(
     )  # fmt: skip
     assert "Traceback" not in result.stdout.str()
     sys.modules.pop("old_env", None)
+
+
+def test_the_key_reaches_verifiers_under_a_name_harnesses_never_see(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_modelbench.backends.verifiers_v1 import KEY_VAR, key_for_harness
+
+    monkeypatch.setenv("HF_TOKEN", "hf-secret")  # a name verifiers' runtime would pass on
+    with key_for_harness("hf-secret", "HF_TOKEN"):
+        assert os.environ[KEY_VAR] == "hf-secret" and "API_KEY" in KEY_VAR
+        assert "HF_TOKEN" not in os.environ
+    assert os.environ["HF_TOKEN"] == "hf-secret" and KEY_VAR not in os.environ
+    with key_for_harness(None, None):
+        assert os.environ[KEY_VAR] == "EMPTY"
