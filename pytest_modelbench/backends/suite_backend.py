@@ -76,6 +76,7 @@ class SuiteBackend:
             run_loop,
             work_units,
         )
+        from pytest_modelbench.running.scoring import in_process_pool, warm_up
 
         item = ctx.item
         examples = self.examples(item)
@@ -121,6 +122,8 @@ class SuiteBackend:
         journal.open()
         if total > len(done):
             prefetch()  # pyarrow for session end, while this item waits on its server
+            if examples and in_process_pool(self.suite):  # the scorer's workers, likewise
+                warm_up(self.suite, examples[0])
         try:
             loop_stats = asyncio.run(main()) if total > len(done) else None
         except EndpointGone as exc:

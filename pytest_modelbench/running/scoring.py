@@ -3,7 +3,9 @@
 A suite that sets ``score_in_process`` (math500: math-verify's symbolic comparison) is scored
 in worker processes. Each call runs in a worker's main thread, where math-verify's time limits
 (``SIGALRM``) hold, and the item's event loop keeps sending requests and reading replies in the
-meantime; a slow comparison no longer stalls every response in flight. Scorers that only wait
+meantime; a slow comparison no longer stalls every response in flight. A suite's
+``quick_score`` answers the cheap cases (math500: the reference answer verbatim, or two plain
+integers) on the loop, so only the rest cross to a worker. Scorers that only wait
 (the code suites, which wait on their sandbox) keep using threads.
 
 Workers are started with ``spawn`` (never ``fork`` from a process that runs threads), look the
@@ -43,6 +45,7 @@ MAX_DEFAULT_WORKERS = 4
 _pool: ProcessPoolExecutor | None = None
 _lock = threading.Lock()
 _suites: dict[str, Suite] = {}  # in a worker: suites by name, loaded once
+_warmed: set[str] = set()  # in the parent: suites whose workers were told to load them
 
 
 def workers() -> int:
@@ -78,6 +81,7 @@ def _shutdown() -> None:
     global _pool
     with _lock:
         pool, _pool = _pool, None
+        _warmed.clear()
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -102,8 +106,13 @@ def _warm(name: str, example: Example) -> None:
 
 
 def warm_up(suite: Suite, example: Example) -> list[Future[None]]:
-    """Start the pool and load ``suite`` in every worker, without waiting."""
+    """Start the pool and load ``suite`` in every worker, without waiting; once per suite and
+    process (nothing to wait for later)."""
     pool = _executor()
+    with _lock:
+        if suite.name in _warmed:
+            return []
+        _warmed.add(suite.name)
     return [pool.submit(_warm, suite.name, example) for _ in range(workers())]
 
 
@@ -126,8 +135,11 @@ def off_loop_scorer(suite: Suite, units: Units) -> tuple[ScoreCall, Units]:
             warm_up(suite, first[0])  # workers import the scorer while the first requests run
             units = itertools.chain([first], units)
 
-        def pooled(example: Example, text: str) -> Awaitable[Score]:
-            return score_in_pool(suite, example, text)
+        quick: Callable[[Example, str], Score | None] | None = getattr(suite, "quick_score", None)
+
+        async def pooled(example: Example, text: str) -> Score:
+            score = quick(example, text) if quick is not None else None
+            return score if score is not None else await score_in_pool(suite, example, text)
 
         return pooled, units
     if suite.blocking_score:

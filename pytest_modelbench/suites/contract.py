@@ -70,6 +70,10 @@ class Suite(Protocol):
         score_in_process (optional, built-in suites): True when ``score`` is
             CPU-heavy (math500's symbolic comparison); the runner then calls
             it in a pool of worker processes (``running.scoring``).
+        quick_score (optional, with ``score_in_process``): ``quick_score(example,
+            completion)`` returns the score when it is cheap to tell (math500: the
+            boxed answer is the reference verbatim), else None; the runner calls it
+            on its loop and sends only the None cases to the pool.
     """
 
     name: str

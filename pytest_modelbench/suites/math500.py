@@ -3,7 +3,9 @@
 The gold answer is the last ``\\boxed{}`` of the reference solution; the
 model's answer is read by math-verify (boxed answers first, then other LaTeX
 or plain expressions) and compared symbolically, so ``\\frac{1}{2}``, ``0.5``
-and ``x = \\frac12`` all match ``\\frac{1}{2}``. The runner scores it in worker
+and ``x = \\frac12`` all match ``\\frac{1}{2}``. A boxed answer written exactly as the
+reference, or a plain integer against an integer reference, is scored without math-verify
+(:meth:`MATH500.quick_score`: the verdict math-verify gives on such text), on the runner's loop. The runner scores the rest in worker
 processes (``running.scoring``), in their main threads, where math-verify's time
 limits (``SIGALRM``) hold; called from another thread they are off and very long
 answers are truncated instead, so scoring always terminates.
@@ -11,6 +13,7 @@ answers are truncated instead, so scoring always terminates.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from functools import lru_cache
@@ -28,6 +31,7 @@ INSTRUCTION = (
 )
 MAX_ANSWER_CHARS = 4000  # math-verify reads the tail; bounded work without a timer
 TIMEOUT_SECONDS = 5
+_INTEGER = re.compile(r"-?[0-9]{1,30}")  # compared as numbers without math-verify
 
 
 def _timeout() -> int | None:
@@ -108,7 +112,25 @@ class MATH500(BuiltinSuite):
             )
         return examples
 
+    def quick_score(self, example: Example, completion: str) -> Score | None:
+        """The score when it needs no parse (microseconds): the boxed answer is the reference
+        verbatim, or both are plain integers. None when only math-verify can tell."""
+        boxed = last_boxed(strip_thinking(completion))
+        if boxed is None:
+            return None
+        gold = str(example.gold).strip()
+        if boxed == gold:
+            correct = True
+        elif _INTEGER.fullmatch(boxed) and _INTEGER.fullmatch(gold):
+            correct = int(boxed) == int(gold)
+        else:
+            return None
+        return Score(metrics={"accuracy": float(correct), "boxed": 1.0}, extracted=boxed)
+
     def score(self, example: Example, completion: str) -> Score:
+        quick = self.quick_score(example, completion)
+        if quick is not None:
+            return quick
         answer = parse_answer(completion)
         correct = equivalent(parse_gold(str(example.gold)), answer)
         boxed = last_boxed(strip_thinking(completion)) is not None

@@ -10,7 +10,14 @@ import pytest
 
 from pytest_modelbench.running import scoring
 from pytest_modelbench.suites import load_suite
-from pytest_modelbench.suites.math500 import MATH500, TIMEOUT_SECONDS, _timeout
+from pytest_modelbench.suites.math500 import (
+    MATH500,
+    TIMEOUT_SECONDS,
+    _timeout,
+    equivalent,
+    parse_answer,
+    parse_gold,
+)
 
 
 def test_only_suites_asking_for_it_and_loadable_by_name_use_the_pool() -> None:
@@ -61,3 +68,49 @@ def test_pool_size_from_the_environment(
     monkeypatch.setenv(scoring.WORKERS_ENV, value)
     default = max(1, min(scoring.MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
     assert scoring.workers() == (expected if expected is not None else default)
+
+
+def test_verbatim_reference_answers_are_scored_on_the_loop_and_the_rest_in_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    suite = load_suite("math500")
+    example = next(e for e in suite.examples({}, 0) if e.gold == "\\frac{14}{3}")
+    sent: list[str] = []
+
+    async def pool(_suite: object, _example: object, text: str) -> object:
+        sent.append(text)
+        return suite.score(example, text)
+
+    monkeypatch.setattr(scoring, "score_in_pool", pool)
+    verbatim = "Adding them up, the total is $\\boxed{\\frac{14}{3}}$."
+    respelled = "Adding them up, the total is $\\boxed{\\frac{28}{6}}$."
+    thought = "<think>maybe $\\boxed{\\frac{14}{3}}$</think> The total is $\\boxed{5}$."
+
+    async def scores() -> list[float]:
+        scorer, _ = scoring.off_loop_scorer(suite, iter([]))
+        return [
+            (await scorer(example, text)).metrics["accuracy"]
+            for text in (verbatim, respelled, thought)
+        ]
+
+    assert asyncio.run(scores()) == [1.0, 1.0, 0.0]
+    assert sent == [respelled, thought]  # only what needs math-verify crosses to a worker
+    assert isinstance(suite, MATH500)
+    quick = suite.quick_score(example, verbatim)
+    assert quick is not None
+    assert quick.extracted == "\\frac{14}{3}"
+    assert equivalent(parse_gold(str(example.gold)), parse_answer(verbatim))  # math-verify agrees
+
+
+@pytest.mark.parametrize(("reply", "right"), [("042", True), ("41", False), ("-42", False)])
+def test_plain_integers_are_compared_without_math_verify_and_as_it_would(
+    reply: str, right: bool
+) -> None:
+    suite = load_suite("math500")
+    assert isinstance(suite, MATH500)
+    example = next(e for e in suite.examples({}, 0) if e.gold == "42")
+    text = f"So the answer is $\\boxed{{{reply}}}$."
+    quick = suite.quick_score(example, text)
+    assert quick is not None
+    assert quick.metrics == {"accuracy": float(right), "boxed": 1.0}
+    assert equivalent(parse_gold("42"), parse_answer(text)) is right
