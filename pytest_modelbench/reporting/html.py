@@ -7,7 +7,7 @@ leaderboard, gate paragraphs and failing examples.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 
@@ -247,12 +247,16 @@ def examples_table(examples: Sequence[Example], limit: int) -> str:
     )
 
 
-def item_fragment(run: RunData, item: ItemRecord, examples: int) -> str:
-    """The gate paragraph and the first failing examples of one item."""
-    try:
-        shown = failing_examples(run, item, examples)
-    except OSError:
-        shown = []
+def item_fragment(
+    run: RunData, item: ItemRecord, examples: int, shown: list[Example] | None = None
+) -> str:
+    """The gate paragraph and the first failing examples of one item (``shown`` when they
+    were picked already)."""
+    if shown is None:
+        try:
+            shown = failing_examples(run, item, examples)
+        except OSError:
+            shown = []
     return (
         f'<div class="mb-report mb-item">{gate_paragraph(item)}'
         f"{examples_table(shown, examples)}</div>"
@@ -303,8 +307,14 @@ def _item_row(item: ItemRecord) -> str:
     )
 
 
-def render_report(run: RunData, *, examples: int = 5, title: str | None = None) -> str:
-    """The whole ``report.html`` page."""
+def render_report(
+    run: RunData,
+    *,
+    examples: int = 5,
+    title: str | None = None,
+    picked: Mapping[str, list[Example]] | None = None,
+) -> str:
+    """The whole ``report.html`` page; ``picked``: failing examples already read, by item."""
     title = title or f"modelbench report: {run.run_id}"
     counts: dict[str, int] = {}
     for item in run.items:
@@ -324,7 +334,7 @@ def render_report(run: RunData, *, examples: int = 5, title: str | None = None) 
             f'<details id="{escape(f"item-{item.item_id}")}"{is_open}><summary><b>'
             f'{escape(item.item_id)}</b> — <span class="{verdict_class(item.verdict)}">'
             f"{escape(item.verdict or item.status or '-')}</span></summary>"
-            f"{item_fragment(run, item, examples)}</details>"
+            f"{item_fragment(run, item, examples, (picked or {}).get(item.item_id))}</details>"
         )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -347,7 +357,13 @@ def render_report(run: RunData, *, examples: int = 5, title: str | None = None) 
     )
 
 
-def write_report(run: RunData, path: Path | None = None, *, examples: int = 5) -> Path:
+def write_report(
+    run: RunData,
+    path: Path | None = None,
+    *,
+    examples: int = 5,
+    picked: Mapping[str, list[Example]] | None = None,
+) -> Path:
     path = path or run.directory / REPORT_NAME
-    atomic_write_text(path, render_report(run, examples=examples))
+    atomic_write_text(path, render_report(run, examples=examples, picked=picked))
     return path

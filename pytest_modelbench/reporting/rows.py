@@ -160,53 +160,75 @@ class Example:
     extracted: str
 
 
-def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example]:
-    """The first ``limit`` errored or wrong examples (errors first, then score 0, then lowest)."""
-    if limit <= 0:
-        return []
-    # One streamed pass keeps at most 3 × ``limit`` rows in memory, however large the item.
-    errored: list[dict[str, Any]] = []
-    first: list[dict[str, Any]] = []  # the first scored rows, for when every score is 0
-    lowest: list[tuple[float, int, dict[str, Any]]] = []  # max-heap (negated) of the lowest
-    top: float | None = None
-    for i, row in enumerate(item_rows(run, item)):
+class FailingPicker:
+    """The first ``limit`` errored or wrong examples of one item (errors first, then score 0,
+    then lowest), from its rows seen one by one: at most 3 × ``limit`` rows are kept, however
+    large the item. ``complete`` once every row was seen."""
+
+    def __init__(self, item: ItemRecord, limit: int) -> None:
+        self.item = item
+        self.limit = limit
+        self.complete = False
+        self._seen = 0
+        self._errored: list[Mapping[str, Any]] = []
+        self._first: list[Mapping[str, Any]] = []  # the first scored rows: all may score 0
+        self._lowest: list[tuple[float, int, Mapping[str, Any]]] = []  # max-heap of the lowest
+        self._top: float | None = None
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        i, self._seen = self._seen, self._seen + 1
+        limit = self.limit
+        if limit <= 0:
+            return
         if row.get("error"):
-            if len(errored) < limit:
-                errored.append(row)
-            continue
-        score = row_score(item, row)
+            if len(self._errored) < limit:
+                self._errored.append(row)
+            return
+        score = row_score(self.item, row)
         if score is None:
-            continue
-        top = score if top is None else max(top, score)
-        if len(first) < limit:
-            first.append(row)
+            return
+        self._top = score if self._top is None else max(self._top, score)
+        if len(self._first) < limit:
+            self._first.append(row)
         entry = (-score, -i, row)
-        if len(lowest) < limit:
-            heapq.heappush(lowest, entry)
-        elif entry[:2] > lowest[0][:2]:
-            heapq.heapreplace(lowest, entry)
-    wanted = limit - len(errored)
-    wrong: list[dict[str, Any]] = []
-    if wanted > 0 and top is not None:
-        if top <= 0:  # everything scored 0: all of them are wrong, in journal order
-            wrong = first[:wanted]
-        else:
-            below = sorted((-s, -i, row) for s, i, row in lowest if -s < top)
-            wrong = [row for _, _, row in below[:wanted]]
-    rows = [normal_row(run.run_id, item, row) for row in [*errored, *wrong]]
-    return [
-        Example(
-            str(r["example_id"]),
-            int(r["rollout"]),
-            r["score"],
-            r["error"],
-            r["prompt"] or "",
-            r["completion"] or "",
-            r["gold"] or "",
-            r["extracted"] or "",
-        )
-        for r in rows
-    ]
+        if len(self._lowest) < limit:
+            heapq.heappush(self._lowest, entry)
+        elif entry[:2] > self._lowest[0][:2]:
+            heapq.heapreplace(self._lowest, entry)
+
+    def examples(self, run_id: str) -> list[Example]:
+        wanted = self.limit - len(self._errored)
+        wrong: list[Mapping[str, Any]] = []
+        if wanted > 0 and self._top is not None:
+            if self._top <= 0:  # everything scored 0: all of them are wrong, in journal order
+                wrong = self._first[:wanted]
+            else:
+                below = sorted((-s, -i, row) for s, i, row in self._lowest if -s < self._top)
+                wrong = [row for _, _, row in below[:wanted]]
+        rows = [normal_row(run_id, self.item, row) for row in [*self._errored, *wrong]]
+        return [
+            Example(
+                str(r["example_id"]),
+                int(r["rollout"]),
+                r["score"],
+                r["error"],
+                r["prompt"] or "",
+                r["completion"] or "",
+                r["gold"] or "",
+                r["extracted"] or "",
+            )
+            for r in rows
+        ]
+
+
+def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example]:
+    """The first ``limit`` errored or wrong examples (errors first, then score 0, then lowest),
+    in one streamed pass over the item's journal."""
+    picker = FailingPicker(item, limit)
+    if limit > 0:
+        for row in item_rows(run, item):
+            picker.add(row)
+    return picker.examples(run.run_id)
 
 
 class ParquetUnavailable(Exception):
@@ -253,9 +275,12 @@ def parquet_inputs_key(run: RunData) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
 
-def write_parquet_if_changed(run: RunData, path: Path) -> bool:
+def write_parquet_if_changed(
+    run: RunData, path: Path, pickers: Mapping[str, FailingPicker] | None = None
+) -> bool:
     """Write ``results.parquet`` unless it was written from the same inputs (kept in a sidecar
-    file); True when written. A finished run re-reported from the store imports no pyarrow."""
+    file); True when written (and ``pickers`` saw every row). A finished run re-reported from
+    the store imports no pyarrow."""
     sidecar = path.with_name(f".{path.name}.inputs")
     key = parquet_inputs_key(run)
     try:
@@ -263,15 +288,22 @@ def write_parquet_if_changed(run: RunData, path: Path) -> bool:
             return False
     except OSError:
         pass
-    write_parquet(run, path)
+    write_parquet(run, path, pickers=pickers)
     tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
     tmp.write_text(key)
     os.replace(tmp, sidecar)
     return True
 
 
-def write_parquet(run: RunData, path: Path, batch_rows: int = 10_000) -> int:
-    """Write every example row to ``path`` atomically; returns the number of rows.
+def write_parquet(
+    run: RunData,
+    path: Path,
+    batch_rows: int = 10_000,
+    pickers: Mapping[str, FailingPicker] | None = None,
+) -> int:
+    """Write every example row to ``path`` atomically; returns the number of rows. Each
+    item's rows also go to its picker in ``pickers`` (the HTML report's examples, read in the
+    same pass).
 
     Rows reach Arrow through its JSON reader, not ``pa.array`` / ``Table.from_pylist``: those
     import pandas to look for pandas objects (about 0.45 s on every run's write path).
@@ -285,13 +317,21 @@ def write_parquet(run: RunData, path: Path, batch_rows: int = 10_000) -> int:
     count = 0
     with pq.ParquetWriter(str(tmp), schema) as writer:
         batch: list[bytes] = []
-        for row in iter_rows(run):
-            pairs = [{"key": k, "value": v} for k, v in row["metrics"].items()]
-            batch.append(json.dumps({**row, "metrics": pairs}, allow_nan=False).encode() + b"\n")
-            if len(batch) >= batch_rows:
-                writer.write_table(_arrow_table(batch, schema))
-                count += len(batch)
-                batch = []
+        for item in run.items:
+            picker = (pickers or {}).get(item.item_id)
+            for raw in item_rows(run, item):
+                if picker is not None:
+                    picker.add(raw)
+                row = normal_row(run.run_id, item, raw)
+                pairs = [{"key": k, "value": v} for k, v in row["metrics"].items()]
+                line = json.dumps({**row, "metrics": pairs}, allow_nan=False).encode()
+                batch.append(line + b"\n")
+                if len(batch) >= batch_rows:
+                    writer.write_table(_arrow_table(batch, schema))
+                    count += len(batch)
+                    batch = []
+            if picker is not None:
+                picker.complete = True
         if batch:
             writer.write_table(_arrow_table(batch, schema))
             count += len(batch)
@@ -318,11 +358,14 @@ def _arrow_table(lines: list[bytes], schema: Any) -> Any:
         ),
     )
     pairs = table.column(index).combine_chunks()
+    field = schema.field(index)
+    # built as the schema's type: a cast would load Arrow's cast kernels (~30 ms, once)
     metrics = pa.MapArray.from_arrays(
-        pairs.offsets, pairs.values.field("key"), pairs.values.field("value")
+        pairs.offsets, pairs.values.field("key"), pairs.values.field("value"), type=field.type
     )
-    table = table.set_column(index, schema.field(index), metrics.cast(schema.field(index).type))
-    return table.select(schema.names).cast(schema)
+    table = table.set_column(index, field, metrics)
+    # the reader kept the schema's types: assembled, not cast (a cast imports pyarrow.compute)
+    return pa.Table.from_arrays([table.column(name) for name in schema.names], schema=schema)
 
 
 def write_csv(run: RunData, path: Path) -> int:

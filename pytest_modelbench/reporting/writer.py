@@ -51,19 +51,23 @@ def write_run_reports(
     from pytest_modelbench.reporting.model import load_run
     from pytest_modelbench.reporting.rows import (
         PARQUET_NAME,
+        FailingPicker,
         ParquetUnavailable,
         write_parquet_if_changed,
     )
 
     run = load_run(run_dir, records)
-    paths = [write_report(run, examples=examples), *write_leaderboards(run)]
+    # the parquet pass over the journals also picks the report's failing examples
+    pickers = {item.item_id: FailingPicker(item, examples) for item in run.items}
     note = None
     try:
-        write_parquet_if_changed(run, run_dir / PARQUET_NAME)  # kept when its inputs are
-        paths.append(run_dir / PARQUET_NAME)
+        write_parquet_if_changed(run, run_dir / PARQUET_NAME, pickers)  # kept when unchanged
+        parquet = [run_dir / PARQUET_NAME]
     except ParquetUnavailable as exc:
-        note = f"{PARQUET_NAME} skipped: {exc}"
-    return paths, note
+        parquet, note = [], f"{PARQUET_NAME} skipped: {exc}"
+    picked = {key: p.examples(run.run_id) for key, p in pickers.items() if p.complete}
+    paths = [write_report(run, examples=examples, picked=picked), *write_leaderboards(run)]
+    return [*paths, *parquet], note
 
 
 class ReportWriter:

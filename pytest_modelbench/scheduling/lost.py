@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.serving.remote import host_of
-
 
 def where(node: Any) -> str:
     """``node HOST`` for a worker started through ``serving.remote``, else ``this node``."""
+    # lazily: only a lost worker needs the serving package (pytest start-up)
+    from pytest_modelbench.serving.remote import host_of
+
     spec = node.gateway.spec
     ssh = getattr(spec, "ssh", None)  # xdist's own ssh= gateway
     host = ssh or host_of(getattr(spec, "python", None))

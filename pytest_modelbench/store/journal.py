@@ -25,6 +25,8 @@ from pytest_modelbench.store.files import (
     unshare,
 )
 
+HELD_ROWS = 5000  # Journal.latest parses a journal this short once (a few MB at most)
+
 
 def _dumps(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)
@@ -67,16 +69,22 @@ class Journal:
         self, keep: Callable[[tuple[str, int]], bool] | None = None
     ) -> Iterator[dict[str, Any]]:
         """The last row per (example, rollout) whose key ``keep`` accepts, in file order of
-        those rows: what :meth:`read` holds, streamed in two passes over the file that keep
-        only each key's line number in memory."""
+        those rows: what :meth:`read` holds. A journal of up to :data:`HELD_ROWS` rows is
+        parsed once and held; a longer one is streamed in two passes that keep only each key's
+        line number in memory."""
         last: dict[tuple[str, int], int] = {}
+        held: list[dict[str, Any]] | None = []
         for n, row in enumerate(self.rows()):
             key = row_key(row)
             if keep is None or keep(key):
                 last[key] = n
+            if held is not None:
+                held.append(row)
+                if len(held) > HELD_ROWS:
+                    held = None
         if not last:
             return
-        for n, row in enumerate(self.rows(warn=False)):
+        for n, row in enumerate(held if held is not None else self.rows(warn=False)):
             if last.get(row_key(row)) == n:
                 yield row
 

@@ -6,8 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pytest_modelbench.reporting.model import ItemRecord, RunData
-from pytest_modelbench.reporting.rows import failing_examples
+from pytest_modelbench.reporting.rows import (
+    FailingPicker,
+    failing_examples,
+    write_parquet_if_changed,
+)
 
 
 def run_with(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[RunData, ItemRecord]:
@@ -23,7 +29,7 @@ def ids(examples: list[Any]) -> list[str]:
 
 
 def test_errors_first_then_lowest_scores_in_journal_order(tmp_path: Path) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"example_id": "a", "score": 1.0},
         {"example_id": "b", "score": 0.5},
         {"example_id": "c", "error": "timeout"},
@@ -55,3 +61,23 @@ def test_lowest_scores_of_a_large_item_in_journal_order(tmp_path: Path) -> None:
     shown = failing_examples(run, item, 5)
     assert ids(shown) == ["0", "97", "194", "291", "388"]
     assert all(e.score == 0.0 for e in shown)
+
+
+def test_the_parquet_pass_picks_the_same_examples(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    rows: list[dict[str, Any]] = [
+        {"example_id": "a", "score": 1.0},
+        {"example_id": "c", "error": "timeout"},
+        {"example_id": "d", "score": 0.0},
+        {"example_id": "e", "score": 0.5},
+        {"example_id": "d", "score": 0.25},  # redone: its last row counts
+    ]
+    run, item = run_with(tmp_path, rows)
+    pickers = {item.item_id: FailingPicker(item, 10)}
+    assert write_parquet_if_changed(run, tmp_path / "results.parquet", pickers)
+    assert pickers[item.item_id].complete
+    assert pickers[item.item_id].examples(run.run_id) == failing_examples(run, item, 10)
+    assert ids(failing_examples(run, item, 10)) == ["c", "d", "e"]
+    again = {item.item_id: FailingPicker(item, 10)}  # unchanged: not rewritten, nothing read
+    assert not write_parquet_if_changed(run, tmp_path / "results.parquet", again)
+    assert not again[item.item_id].complete
