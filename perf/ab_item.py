@@ -5,14 +5,15 @@ machine, as much as a change to the fixed costs does. This script compares two c
 side by side instead: it checks each out (``git worktree``, in a temporary directory), then
 runs the throughput table's modelbench item (``pytest benchmarks/ --model bench`` on a
 generated ``jsonl`` variant, 64 slots × 100 ms by default) with each commit's package first
-on ``PYTHONPATH``, alternating old and new ``--pairs`` times against one simulated server.
+on ``PYTHONPATH``, ``--pairs`` pairs of old and new (old first in every other pair) against
+one simulated server.
 Both sides import through ``PYTHONPATH`` (which costs start-up time that an installed
 package does not), so only the code differs. For each side it prints the median wall time,
 start-up (process start to the first request the server saw), span and tail (last answer
 to exit), and the new / old ratios of the medians. One run of each side before the pairs
 compiles their byte-code and is not counted.
 
-    python perf/ab_item.py [--old cb11654] [--new HEAD] [--pairs 8] [--requests 2000]
+    python perf/ab_item.py --old REV [--new HEAD] [--pairs 8] [--requests 2000]
                            [--slots 64] [--latency 0.1]
 """
 
@@ -85,7 +86,7 @@ def median(timings: Sequence[Timing], field: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python perf/ab_item.py", description=__doc__)
-    parser.add_argument("--old", default="cb11654", help="the commit before the change")
+    parser.add_argument("--old", required=True, help="the commit before the change")
     parser.add_argument("--new", default="HEAD", help="the commit after it")
     parser.add_argument("--pairs", type=int, default=8, help="old/new runs, interleaved")
     parser.add_argument("--requests", type=int, default=2000)
@@ -108,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_item(project, roots[side], server)
                 results: dict[str, list[Timing]] = {side: [] for side in SIDES}
                 for pair in range(args.pairs):
-                    for side in SIDES:
+                    order = SIDES if pair % 2 == 0 else SIDES[::-1]  # ABBA: no side always first
+                    for side in order:
                         timing = run_item(project, roots[side], server)
                         results[side].append(timing)
                         print(

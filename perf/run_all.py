@@ -45,12 +45,6 @@ SCRIPTS = (
         ("throughput.py", "--quick"),
     ),
     Script(
-        "ab_item",
-        "Fixed costs of one item: the previous round's code against this one, interleaved",
-        ("ab_item.py", "--pairs", "8"),
-        ("ab_item.py", "--pairs", "1", "--requests", "300"),
-    ),
-    Script(
         "collection",
         "Collection: items, time and peak RSS",
         ("collection.py", "--sizes", "1000,10000,100000", "--repeat", "3"),

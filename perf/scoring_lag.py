@@ -25,10 +25,13 @@ examples N against one simulated server:
   samples (one per stall), so its p99 is close to its max; "late % of wall" (the sum of the
   lags over the wall time) weighs each stall by its length. On a loaded machine the lag also
   counts time the process waited for a core, which gsm8k's rows show;
-* **modes**: ``pool`` is the current code. ``loop`` is the old behaviour: the same code with
-  ``running.scoring.in_process_pool`` patched to return False (``unittest.mock.patch``), so
-  ``off_loop_scorer`` scores math500 inline on the loop thread. gsm8k takes the same path in
-  both modes (it never used the pool): its two rows show the run-to-run noise.
+* **modes**: ``pool`` is the current code from a cold pool; ``warm`` the same with the pool's
+  workers started and loaded before the item (as for every later item of a process). ``loop``
+  is the behaviour before scoring left the loop: the same code with
+  ``running.scoring.in_process_pool`` patched to return False and ``MATH500.quick_score`` to
+  return None (``unittest.mock.patch``), so math-verify reads every math500 reply inline on
+  the loop thread. gsm8k takes the same path in every mode (it never used the pool): its
+  rows show the run-to-run noise.
 
 Each (suite, mode) runs ``--repeat`` times, interleaved; the table shows the run with the
 median wall time (and every run's wall). Under it: math500 wall / gsm8k wall per mode, and the
@@ -117,9 +120,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @contextlib.contextmanager
 def scoring_mode(mode: str) -> Iterator[None]:
-    """``pool``: the code as it is; ``loop``: the pool disabled, so math500 scores inline."""
+    """``pool``/``warm``: the code as it is; ``loop``: the behaviour before scoring left the
+    loop: the pool disabled and no parse-free verdicts, so math-verify reads every reply inline."""
     if mode == "loop":
-        with mock.patch("pytest_modelbench.running.scoring.in_process_pool", return_value=False):
+        with (
+            mock.patch("pytest_modelbench.running.scoring.in_process_pool", return_value=False),
+            mock.patch("pytest_modelbench.suites.math500.MATH500.quick_score", return_value=None),
+        ):
             yield
     else:
         yield

@@ -765,7 +765,8 @@ def fixed_cost_notes(
     assert mb is not None
     own = mb.wall_s - least_s
     notes = [
-        f"* modelbench's own time (wall − the server's rounds − an empty pytest run): "
+        "* modelbench's own time (wall − the server's rounds − an empty pytest run with this "
+        f"environment's plugins): "
         f"**{own:.2f} s** (target ≤ {targets['own_s']:g} s: "
         f"{'met' if own <= targets['own_s'] else 'MISSED'}); tail **{mb.tail_s:.2f} s** "
         f"(target ≤ {targets['tail_s']:g} s: {'met' if mb.tail_s <= targets['tail_s'] else 'MISSED'})"

@@ -163,12 +163,12 @@ class Example:
 class FailingPicker:
     """The first ``limit`` errored or wrong examples of one item (errors first, then score 0,
     then lowest), from its rows seen one by one: at most 3 × ``limit`` rows are kept, however
-    large the item. ``complete`` once every row was seen."""
+    large the item. :meth:`close` once every row was seen keeps only the examples."""
 
     def __init__(self, item: ItemRecord, limit: int) -> None:
         self.item = item
         self.limit = limit
-        self.complete = False
+        self.picked: list[Example] | None = None  # set by close()
         self._seen = 0
         self._errored: list[Mapping[str, Any]] = []
         self._first: list[Mapping[str, Any]] = []  # the first scored rows: all may score 0
@@ -196,7 +196,18 @@ class FailingPicker:
         elif entry[:2] > self._lowest[0][:2]:
             heapq.heapreplace(self._lowest, entry)
 
+    @property
+    def complete(self) -> bool:
+        return self.picked is not None
+
+    def close(self, run_id: str) -> None:
+        """Every row was seen: keep the picked examples, drop the rows."""
+        self.picked = self.examples(run_id)
+        self._errored, self._first, self._lowest = [], [], []
+
     def examples(self, run_id: str) -> list[Example]:
+        if self.picked is not None:
+            return self.picked
         wanted = self.limit - len(self._errored)
         wrong: list[Mapping[str, Any]] = []
         if wanted > 0 and self._top is not None:
@@ -331,7 +342,7 @@ def write_parquet(
                     count += len(batch)
                     batch = []
             if picker is not None:
-                picker.complete = True
+                picker.close(run.run_id)
         if batch:
             writer.write_table(_arrow_table(batch, schema))
             count += len(batch)
@@ -359,12 +370,14 @@ def _arrow_table(lines: list[bytes], schema: Any) -> Any:
     )
     pairs = table.column(index).combine_chunks()
     field = schema.field(index)
-    # built as the schema's type: a cast would load Arrow's cast kernels (~30 ms, once)
     metrics = pa.MapArray.from_arrays(
-        pairs.offsets, pairs.values.field("key"), pairs.values.field("value"), type=field.type
+        pairs.offsets, pairs.values.field("key"), pairs.values.field("value")
     )
+    if metrics.type != field.type:  # not on pyarrow 14-25: its default is the schema's type
+        metrics = metrics.cast(field.type)
     table = table.set_column(index, field, metrics)
-    # the reader kept the schema's types: assembled, not cast (a cast imports pyarrow.compute)
+    # the reader kept the schema's types: assembled, not cast (a cast imports pyarrow.compute
+    # and loads its kernels, after the last request)
     return pa.Table.from_arrays([table.column(name) for name in schema.names], schema=schema)
 
 

@@ -65,6 +65,9 @@ def write_run_reports(
         parquet = [run_dir / PARQUET_NAME]
     except ParquetUnavailable as exc:
         parquet, note = [], f"{PARQUET_NAME} skipped: {exc}"
+    except Exception as exc:  # disk full, unreadable journal, Arrow error: the other reports
+        # are still written, and the failure is one line of the summary
+        parquet, note = [], f"{PARQUET_NAME} not written: {type(exc).__name__}: {exc}"
     picked = {key: p.examples(run.run_id) for key, p in pickers.items() if p.complete}
     paths = [write_report(run, examples=examples, picked=picked), *write_leaderboards(run)]
     return [*paths, *parquet], note

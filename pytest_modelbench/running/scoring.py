@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -117,9 +118,26 @@ def warm_up(suite: Suite, example: Example) -> list[Future[None]]:
 
 
 async def score_in_pool(suite: Suite, example: Example, completion: str) -> Score:
-    """``suite.score(example, completion)`` in a worker process; the event loop stays free."""
+    """``suite.score(example, completion)`` in a worker process; the event loop stays free.
+    A pool whose worker died (killed, out of memory) is replaced, and the reply scored again
+    once in the new one."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor(), _score, suite.name, example, completion)
+    pool = _executor()
+    try:
+        return await loop.run_in_executor(pool, _score, suite.name, example, completion)
+    except BrokenProcessPool:
+        _discard(pool)
+        return await loop.run_in_executor(_executor(), _score, suite.name, example, completion)
+
+
+def _discard(pool: ProcessPoolExecutor) -> None:
+    """Forget a broken pool: the next call starts a new one (whose workers load suites anew)."""
+    global _pool
+    with _lock:
+        if _pool is pool:
+            _pool = None
+            _warmed.clear()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 ScoreCall = Callable[["Example", str], Awaitable["Score"]]

@@ -25,7 +25,7 @@ from pytest_modelbench.store.files import (
     unshare,
 )
 
-HELD_ROWS = 5000  # Journal.latest parses a journal this short once (a few MB at most)
+HELD_BYTES = 4 << 20  # Journal.latest parses a journal this small once and holds its rows
 
 
 def _dumps(data: Any) -> str:
@@ -69,19 +69,21 @@ class Journal:
         self, keep: Callable[[tuple[str, int]], bool] | None = None
     ) -> Iterator[dict[str, Any]]:
         """The last row per (example, rollout) whose key ``keep`` accepts, in file order of
-        those rows: what :meth:`read` holds. A journal of up to :data:`HELD_ROWS` rows is
-        parsed once and held; a longer one is streamed in two passes that keep only each key's
-        line number in memory."""
+        those rows: what :meth:`read` holds. A journal of up to :data:`HELD_BYTES` is parsed
+        once and its rows held; a larger one is streamed in two passes that keep only each
+        key's line number in memory."""
+        try:
+            small = self.path.stat().st_size <= HELD_BYTES
+        except OSError:
+            small = False
         last: dict[tuple[str, int], int] = {}
-        held: list[dict[str, Any]] | None = []
+        held: list[dict[str, Any]] | None = [] if small else None
         for n, row in enumerate(self.rows()):
             key = row_key(row)
             if keep is None or keep(key):
                 last[key] = n
             if held is not None:
                 held.append(row)
-                if len(held) > HELD_ROWS:
-                    held = None
         if not last:
             return
         for n, row in enumerate(held if held is not None else self.rows(warn=False)):

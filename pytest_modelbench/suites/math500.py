@@ -3,9 +3,10 @@
 The gold answer is the last ``\\boxed{}`` of the reference solution; the
 model's answer is read by math-verify (boxed answers first, then other LaTeX
 or plain expressions) and compared symbolically, so ``\\frac{1}{2}``, ``0.5``
-and ``x = \\frac12`` all match ``\\frac{1}{2}``. A boxed answer written exactly as the
-reference, or a plain integer against an integer reference, is scored without math-verify
-(:meth:`MATH500.quick_score`: the verdict math-verify gives on such text), on the runner's loop. The runner scores the rest in worker
+and ``x = \\frac12`` all match ``\\frac{1}{2}``. A boxed answer written exactly
+as the reference, or a plain integer against an integer reference, is scored
+without math-verify (:meth:`MATH500.quick_score`: the verdict math-verify gives
+on such text), on the runner's loop. The runner scores the rest in worker
 processes (``running.scoring``), in their main threads, where math-verify's time
 limits (``SIGALRM``) hold; called from another thread they are off and very long
 answers are truncated instead, so scoring always terminates.

@@ -81,3 +81,23 @@ def test_the_parquet_pass_picks_the_same_examples(tmp_path: Path) -> None:
     again = {item.item_id: FailingPicker(item, 10)}  # unchanged: not rewritten, nothing read
     assert not write_parquet_if_changed(run, tmp_path / "results.parquet", again)
     assert not again[item.item_id].complete
+
+
+def test_picked_per_item_across_batches_of_a_multi_item_run(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    from pytest_modelbench.reporting.model import load_run
+    from pytest_modelbench.reporting.rows import write_parquet
+    from tests.reports.conftest import craft_run
+
+    items = {
+        "m-a-seed0": {"model": "m", "variant": "a", "scores": [1.0, 0.0, 0.5, 0.0, 1.0]},
+        "m-b-seed0": {"model": "m", "variant": "b", "scores": [0.25, 1.0, 0.0]},
+    }
+    run = load_run(craft_run(tmp_path, "r", items))
+    pickers = {item.item_id: FailingPicker(item, 2) for item in run.items}
+    assert write_parquet(run, tmp_path / "o.parquet", batch_rows=2, pickers=pickers) == 8
+    for item in run.items:
+        assert pickers[item.item_id].complete
+        assert pickers[item.item_id].examples(run.run_id) == failing_examples(run, item, 2)
+    assert ids(pickers["m-a-seed0"].examples(run.run_id)) == ["ex1", "ex3"]
+    assert ids(pickers["m-b-seed0"].examples(run.run_id)) == ["ex2", "ex0"]

@@ -204,12 +204,12 @@ def test_writing_parquet_does_not_import_pandas(tmp_path: Path) -> None:
         "from pytest_modelbench.reporting.rows import write_parquet\n"
         "from pathlib import Path\n"
         f"n = write_parquet(load_run(Path({str(run_dir)!r})), Path({str(tmp_path / 'o.parquet')!r}))\n"
-        "print(n, 'pandas' in sys.modules)\n"
+        "print(n, 'pandas' in sys.modules, 'pyarrow.compute' in sys.modules)\n"
     )
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["3", "False"]
+    assert out.stdout.split() == ["3", "False", "False"]  # no pandas, and no cast either
     rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
     assert [r["score"] for r in rows] == [1.0, 0.0, 0.5]
     assert [dict(r["metrics"]) for r in rows][1] == {"accuracy": 0.0}
@@ -231,3 +231,23 @@ def test_parquet_is_rewritten_only_when_its_inputs_change(tmp_path: Path) -> Non
     assert len(pq.read_table(out)) == 3
     out.unlink()  # a deleted file is written again
     assert write_parquet_if_changed(load_run(run_dir), out) and out.exists()
+
+
+def test_a_failed_parquet_write_still_leaves_the_other_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_modelbench.reporting import rows
+    from pytest_modelbench.reporting.writer import write_run_reports
+
+    run_dir = craft_run(
+        tmp_path, "r", {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0, 0.0]}}
+    )
+
+    def broken(*_args: Any) -> bool:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rows, "write_parquet_if_changed", broken)
+    paths, note = write_run_reports(run_dir, None, examples=5)
+    assert [p.name for p in paths][:1] == ["report.html"] and (run_dir / "report.html").exists()
+    assert "results.parquet" not in [p.name for p in paths]
+    assert note == "results.parquet not written: OSError: [Errno 28] No space left on device"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from pytest_modelbench.running import scoring
 from pytest_modelbench.suites import load_suite
 from pytest_modelbench.suites.math500 import (
+    _INTEGER,
     MATH500,
     TIMEOUT_SECONDS,
     _timeout,
@@ -114,3 +116,35 @@ def test_plain_integers_are_compared_without_math_verify_and_as_it_would(
     assert quick is not None
     assert quick.metrics == {"accuracy": float(right), "boxed": 1.0}
     assert equivalent(parse_gold("42"), parse_answer(text)) is right
+
+
+def test_a_pool_whose_worker_died_is_replaced_and_the_reply_scored() -> None:
+    suite = load_suite("math500")
+    example = next(e for e in suite.examples({}, 0) if e.gold == "\\frac{14}{3}")
+    pool = scoring._executor()
+    os.kill(pool.submit(os.getpid).result(timeout=120), signal.SIGKILL)  # killed, say by OOM
+    reply = "So it is $\\boxed{\\frac{28}{6}}$."  # needs math-verify: goes to a worker
+
+    async def score() -> float:
+        return (await scoring.score_in_pool(suite, example, reply)).metrics["accuracy"]
+
+    assert asyncio.run(score()) == 1.0
+    assert scoring._executor() is not pool
+
+
+def test_parse_free_verdicts_agree_with_math_verify_on_the_golds() -> None:
+    """Every fifth gold answer, written verbatim, and off by one when it is an integer."""
+    suite = load_suite("math500")
+    assert isinstance(suite, MATH500)
+    checked = 0
+    for example in list(suite.examples({}, 0))[::5]:
+        gold = str(example.gold)
+        replies = [gold] + ([str(int(gold) + 1)] if _INTEGER.fullmatch(gold) else [])
+        for answer in replies:
+            text = f"Therefore the answer is $\\boxed{{{answer}}}$."
+            quick = suite.quick_score(example, text)
+            assert quick is not None, answer
+            verdict = equivalent(parse_gold(gold), parse_answer(text))
+            assert quick.metrics["accuracy"] == float(verdict), (gold, answer)
+            checked += 1
+    assert checked > 150

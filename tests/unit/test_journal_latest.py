@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 
 from pytest_modelbench.store import journal as journal_module
+from pytest_modelbench.store.files import StoreWarning
 from pytest_modelbench.store.journal import Journal
 
 
-@pytest.mark.parametrize("held_rows", [5000, 2], ids=["held", "streamed"])
+@pytest.mark.parametrize("held_bytes", [1 << 20, 10], ids=["held", "streamed"])
 def test_last_row_per_key_in_file_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_rows: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_bytes: int
 ) -> None:
-    monkeypatch.setattr(journal_module, "HELD_ROWS", held_rows)
+    monkeypatch.setattr(journal_module, "HELD_BYTES", held_bytes)
     journal = Journal(tmp_path / "results.jsonl")
     journal.open()
     for example_id, rollout, score in [
@@ -31,3 +32,16 @@ def test_last_row_per_key_in_file_order(
     kept = [r["example_id"] for r in journal.latest(lambda key: key[1] == 0)]
     assert kept == ["b", "a", "c"]
     assert list(journal.latest(lambda _key: False)) == []
+
+
+@pytest.mark.parametrize("held_bytes", [1 << 20, 10], ids=["held", "streamed"])
+def test_damaged_lines_are_skipped_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_bytes: int
+) -> None:
+    monkeypatch.setattr(journal_module, "HELD_BYTES", held_bytes)
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"example_id": "a", "rollout": 0}\n{not json\n{"example_id": "b"}\n')
+    with pytest.warns(StoreWarning, match="skipped 1 damaged line") as caught:
+        ids = [row["example_id"] for row in Journal(path).latest()]
+    assert ids == ["a", "b"]
+    assert len(caught) == 1
