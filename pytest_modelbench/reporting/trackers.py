@@ -62,7 +62,6 @@ class TrackedItem:
     @classmethod
     def of(cls, result: EvalResult) -> TrackedItem:
         verdict = result.verdict
-        status = verdict.status if verdict is not None else "no baseline"
         sweep = checkpoint_of(result.model)
         low, high = result.ci
         return cls(
@@ -78,7 +77,7 @@ class TrackedItem:
             stderr=result.stderr,
             n=result.n,
             errors=result.errors,
-            verdict=f"{status} (Holm pending)" if result.gate_deferred else status,
+            verdict=result.verdict_text,
             baseline=getattr(verdict, "baseline_value", None),
             p_value=getattr(verdict, "p_value", None),
             from_store=result.from_store,

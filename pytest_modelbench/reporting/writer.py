@@ -68,7 +68,7 @@ def write_run_reports(
     except Exception as exc:  # disk full, unreadable journal, Arrow error: the other reports
         # are still written, and the failure is one line of the summary
         parquet, note = [], f"{PARQUET_NAME} not written: {type(exc).__name__}: {exc}"
-    picked = {key: p.examples(run.run_id) for key, p in pickers.items() if p.complete}
+    picked = {key: p.picked for key, p in pickers.items() if p.picked is not None}
     paths = [write_report(run, examples=examples, picked=picked), *write_leaderboards(run)]
     return [*paths, *parquet], note
 

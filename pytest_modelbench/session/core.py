@@ -28,7 +28,7 @@ from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemProperties
-from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.result import HOLM_PENDING, EvalResult
 from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
@@ -364,7 +364,7 @@ class ModelbenchSession:
             from_store=bool(record.get("from_store")),
             recompute_reason=record.get("recomputed"),
             verdict=GateVerdict.from_dict(json.loads(gate)) if gate else None,
-            gate_deferred=str(record.get("verdict", "")).endswith("(Holm pending)"),
+            gate_deferred=str(record.get("verdict", "")).endswith(HOLM_PENDING),
         )
         try:
             hook(config=self.config, item_id=result.item_id, summary=summary, result=result)
@@ -528,16 +528,13 @@ def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult)
         return
     low, high = result.ci
     verdict = result.verdict
-    status = verdict.status if verdict is not None else "no baseline"
-    if result.gate_deferred:
-        status = f"{status} (Holm pending)"
     properties = ItemProperties(
         item=item.item_id,
         model=item.model_name,
         env=item.env,
         variant=item.variant.id,
         seed=item.seed,
-        verdict=status,
+        verdict=result.verdict_text,
         metric=result.metric,
         score=result.score,
         ci_low=low,

@@ -9,6 +9,8 @@ from typing import Any
 
 from pytest_modelbench.store.runstore import ItemStore
 
+HOLM_PENDING = " (Holm pending)"  # suffix of a verdict --mb-correction holm decides at the end
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -32,6 +34,13 @@ class EvalResult:
     recompute_reason: str | None = None
     verdict: Any = field(default=None, compare=False)  # a gates.GateVerdict once gated
     gate_deferred: bool = False  # --mb-correction holm: decided at session end
+
+    @property
+    def verdict_text(self) -> str:
+        """The gate's status as reports show it (``pass``, ``fail``, ``no baseline``), with
+        :data:`HOLM_PENDING` while ``--mb-correction holm`` has yet to decide it."""
+        status = str(self.verdict.status) if self.verdict is not None else "no baseline"
+        return f"{status}{HOLM_PENDING}" if self.gate_deferred else status
 
     def _metric(self, name: str | None = None) -> Mapping[str, Any]:
         metrics: Mapping[str, Any] = self.summary.get("metrics", {})
