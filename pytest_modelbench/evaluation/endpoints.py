@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
@@ -19,6 +20,22 @@ from pytest_modelbench.secrets import remember
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
+
+
+@dataclass(frozen=True)
+class IdentityUnknown:
+    """An external endpoint's identity could not be fetched: no model list came back from it
+    (refused, timed out, DNS, TLS, an HTTP error), so nothing says what it serves now."""
+
+    urls: tuple[str, ...]  #: the base URLs asked, as the fingerprint records them
+    reason: str  #: the pre-flight's message, naming the URL and the cause
+
+
+@dataclass(frozen=True)
+class _NotServed:
+    """The endpoint answered with a model list without the model (the pre-flight's message)."""
+
+    reason: str
 
 
 def _api_key(var: str | None, model_name: str) -> str | None:
@@ -41,7 +58,9 @@ class EndpointManager:
 
     def __init__(self, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
         self._checked: dict[tuple[tuple[str, ...], str], str | None] = {}  # pre-flight outcomes
-        self._identities: dict[tuple[tuple[str, ...], str], dict[str, Any]] = {}
+        self._identities: dict[
+            tuple[tuple[str, ...], str], dict[str, Any] | IdentityUnknown | _NotServed
+        ] = {}
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
 
@@ -80,11 +99,15 @@ class EndpointManager:
             died=self.serving.death_report,
         )
 
-    def identity(self, item: PlannedItem) -> dict[str, Any] | None:
+    def identity(self, item: PlannedItem) -> dict[str, Any] | IdentityUnknown | None:
         """For an external endpoint, what answers there: its URLs and what ``/v1/models`` says of
         the model (id, root, max_model_len), asked once per worker. Results are reused only while
         the same model answers at the same place; None for served models (their weights are in
-        the fingerprint already) and solution files."""
+        the fingerprint already) and solution files.
+
+        :class:`IdentityUnknown` when no model list came back (the caller decides whether stored
+        results may answer unchecked); an endpoint that lists its models without this one raises
+        :class:`EvaluationError`, as the pre-flight of a run would."""
         spec = item.model
         if spec.solutions or not spec.api_base_url:
             return None
@@ -92,7 +115,10 @@ class EndpointManager:
         key = (endpoint.base_urls, endpoint.served_model)
         if key not in self._identities:
             self._identities[key] = asyncio.run(_describe(endpoint))
-        return self._identities[key]
+        found = self._identities[key]
+        if isinstance(found, _NotServed):
+            raise EvaluationError(found.reason)
+        return found
 
     def recover(self, item: PlannedItem) -> bool:
         """After a failed item: True when its server had died and was restarted (retry it)."""
@@ -106,9 +132,15 @@ class EndpointManager:
 _CARD_FIELDS = ("id", "root", "parent", "max_model_len")  # not "created": vLLM stamps each answer
 
 
-async def _describe(endpoint: Endpoint) -> dict[str, Any]:
+async def _describe(endpoint: Endpoint) -> dict[str, Any] | IdentityUnknown | _NotServed:
     async with OpenAIClient(endpoint.base_urls, api_key=endpoint.api_key) as client:
-        await endpoint.ensure_ready(client)  # unreachable or not serving it: EvaluationError
+        try:  # the pre-flight, once per worker: items that send requests fail at once after it
+            await endpoint.ensure_ready(client)
+        except EvaluationError as exc:
+            # a base URL that listed its models without this one (an empty card) answered
+            if any(not card for card in client.model_cards.values()):
+                return _NotServed(str(exc))
+            return IdentityUnknown(endpoint.base_urls, str(exc))
         cards = client.model_cards
     seen = [
         {k: cards.get(base, {}).get(k) for k in _CARD_FIELDS if k in cards.get(base, {})}

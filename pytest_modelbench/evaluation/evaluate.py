@@ -22,8 +22,8 @@ from filelock import FileLock
 from pytest_modelbench.backends.protocol import Backend, ItemContext
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.evaluation.endpoints import EndpointManager
-from pytest_modelbench.evaluation.reuse import Reuse, decide, seedable
+from pytest_modelbench.evaluation.endpoints import EndpointManager, IdentityUnknown
+from pytest_modelbench.evaluation.reuse import Reuse, decide, seedable, stored_unchecked
 from pytest_modelbench.planning.fingerprint import (
     FINGERPRINT_VERSION,
     digest,
@@ -203,6 +203,7 @@ class ItemEvaluator:
         reason: str | None = None,
         *,
         from_store: bool,
+        endpoint_checked: bool = True,
     ) -> EvalResult:
         return EvalResult(
             item_id=item.item_id,
@@ -215,6 +216,7 @@ class ItemEvaluator:
             directory=directory,
             from_store=from_store,
             recompute_reason=reason,
+            endpoint_checked=endpoint_checked,
         )
 
     def _seed(
@@ -256,10 +258,12 @@ class ItemEvaluator:
         metric = backend.primary_metric(item)
         parts = fingerprint_parts(item, backend)
         endpoint = self.endpoints.identity(item)
+        summary = item_store.read_summary()
+        if isinstance(endpoint, IdentityUnknown):
+            return self._unchecked(item, metric, parts, endpoint, item_store, summary)
         if endpoint is not None:
             parts["endpoint"] = endpoint
         fingerprint = digest(parts)
-        summary = item_store.read_summary()
         journal_exists = item_store.journal.path.exists()
         decision = decide(
             force=self.options.force,
@@ -285,6 +289,32 @@ class ItemEvaluator:
         item_store.begin(_metadata(item, fingerprint, parts))
         summary = self._run(item, backend, item_store, metric, fingerprint)
         return self._result(item, metric, summary, item_store.directory, reason, from_store=False)
+
+    def _unchecked(
+        self,
+        item: PlannedItem,
+        metric: str,
+        parts: dict[str, Any],
+        endpoint: IdentityUnknown,
+        item_store: ItemStore,
+        summary: dict[str, Any] | None,
+    ) -> EvalResult:
+        """The endpoint's identity could not be fetched: a finished item recorded at the same
+        URLs is reported from the store, marked as not checked; anything that would send
+        requests fails with the pre-flight's message, and nothing stored is touched."""
+        if summary is None or not stored_unchecked(
+            force=self.options.force,
+            parts=parts,
+            urls=endpoint.urls,
+            metadata=item_store.read_metadata(),
+            summary=summary,
+            num_examples=item.num_examples,
+        ):
+            raise EvaluationError(endpoint.reason)
+        self._settle_manifest(item, item_store, summary)
+        return self._result(
+            item, metric, summary, item_store.directory, from_store=True, endpoint_checked=False
+        )
 
     def _run(
         self,

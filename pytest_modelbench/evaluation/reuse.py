@@ -3,7 +3,9 @@
 Order of preference: the finished summary of this run (fingerprint matches)
 → the finished item of the ``--restart`` run (fingerprint matches; files are
 linked in) → continue this run's journal → start over. A fingerprint mismatch
-or ``--force`` moves the old journal aside and says why.
+or ``--force`` moves the old journal aside and says why. When an external endpoint's
+identity cannot be fetched, a finished item recorded at the same URLs still answers
+(:func:`stored_unchecked`), marked as not checked.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_modelbench.planning.fingerprint import describe_changes
+from pytest_modelbench.planning.fingerprint import describe_changes, digest
 
 
 class Reuse(enum.Enum):
@@ -62,6 +64,37 @@ def decide(
             return Decision(Reuse.RECOMPUTE, MISSING_METADATA)
         return Decision(Reuse.SEED)
     return Decision(Reuse.RESUME)
+
+
+def stored_unchecked(
+    *,
+    force: bool,
+    parts: Mapping[str, Any],
+    urls: tuple[str, ...],
+    metadata: Mapping[str, Any] | None,
+    summary: Mapping[str, Any] | None,
+    num_examples: int | None = None,
+) -> bool:
+    """Whether a finished item answers although its endpoint's identity could not be fetched:
+    its recorded ``fingerprint_parts`` equal ``parts`` (which lack the identity) but for what the
+    endpoint said, recorded at these same ``urls``. Re-reporting needs no network; another URL
+    is never taken on trust."""
+    if force or metadata is None:
+        return False
+    recorded = (metadata.get("fingerprint_parts") or {}).get("endpoint")
+    if not isinstance(recorded, Mapping) or recorded.get("urls") != list(urls):
+        return False
+    fingerprint = digest({**parts, "endpoint": recorded})
+    decision = decide(
+        force=False,
+        fingerprint=fingerprint,
+        parts=parts,
+        metadata=metadata,
+        summary=summary,
+        journal_exists=True,
+        num_examples=num_examples,
+    )
+    return decision.action is Reuse.STORED
 
 
 def seedable(

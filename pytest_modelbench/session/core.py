@@ -22,11 +22,13 @@ import pytest
 from pytest_modelbench.config import ConfigSet, load_config_set
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
+from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
+from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemProperties
 from pytest_modelbench.store.result import HOLM_PENDING, EvalResult
 from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
@@ -57,6 +59,10 @@ class ModelbenchSession:
         self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
+        self.notes: list[str] = []  # one line each, shown in the header (controller)
+        self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
+        self._holm_family: int | None = None
+        self._pending: dict[str, PendingItem] = {}  # controller: items Holm has yet to decide
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -151,14 +157,62 @@ class ModelbenchSession:
             parent, where = self.plan.run_parent, f"{self.options.job_file}: output_dir"
         return (parent if parent.is_absolute() else self.config.rootpath / parent), where
 
+    def reference_runs(self) -> dict[Path, str]:
+        """The runs this session gates against, resolved, with where each is named:
+        ``--baseline-run`` and the ``run:`` entries of the planned items' baselines. They are
+        read-only for the whole session: never continued, recomputed or forced."""
+        parent, _ = self._run_parent()
+        named: dict[Path, str] = {}
+        if self.options.baseline_run:
+            named[(parent / self.options.baseline_run).resolve()] = (
+                f"--baseline-run {self.options.baseline_run}"
+            )
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.config.loading import display_path, load_baseline_file
+
+        baselines = self.options.config_dir / "baselines"
+        files: dict[str, Mapping[str, Any]] = {}
+        for item in self.plan.items:
+            if item.model_name not in files:
+                path = baselines / f"{safe_component(item.model_name)}.yaml"
+                try:
+                    files[item.model_name] = load_baseline_file(path) if path.exists() else {}
+                except ModelbenchUsageError:  # a broken file fails the items that need it
+                    files[item.model_name] = {}
+            entries = files[item.model_name]
+            for key in (item.variant.id, item.env):
+                run = getattr(entries.get(key), "run", None)
+                if run:
+                    where = f"{display_path(baselines / safe_component(item.model_name))}.yaml"
+                    named.setdefault((parent / run).resolve(), f"{where}: {key}: run: {run}")
+                    break
+        return named
+
     def _resolve_run_dir(self) -> Path:
         parent, _ = self._run_parent()
+        references = self.reference_runs()
         if self.options.run_id:
-            return parent / self.options.run_id
+            chosen = parent / self.options.run_id
+            named = references.get(chosen.resolve())
+            if named is not None:
+                raise ModelbenchUsageError(
+                    f"--run-id {self.options.run_id}: that run is this session's reference "
+                    f"({named}) and is never written; give a new --run-id, or drop --run-id "
+                    "to start a new run"
+                )
+            return chosen
         if self.options.auto_resume:  # with --restart OLD: the latest run seeded from OLD
             latest = find_latest_run(parent, self.plan.run_name, restart_from=self.options.restart)
             if latest is not None:
-                return latest
+                named = references.get(latest.resolve())
+                if named is None:
+                    return latest
+                fresh = parent / new_run_id(parent, self.plan.run_name)
+                self.notes.append(
+                    f"the latest run {latest.name} is this session's reference ({named}) and "
+                    f"is never written: writing a new run {fresh.name} instead of continuing it"
+                )
+                return fresh
         return parent / new_run_id(parent, self.plan.run_name)
 
     def _check_run_dir(self) -> None:
@@ -184,6 +238,9 @@ class ModelbenchSession:
                 self._check_run_dir()
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+    def pytest_report_header(self) -> list[str]:
+        return [f"modelbench: {note}" for note in self.notes]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -213,20 +270,19 @@ class ModelbenchSession:
                 raise pytest.UsageError(error)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if (
-            session.config.option.collectonly
-            and self._plan is not None
-            and not is_worker(self.config)
-        ):
+        if self._plan is None:
+            return
+        selected = {
+            item.callspec.params["mb_item"].item_id
+            for item in session.items
+            if hasattr(item, "callspec") and "mb_item" in item.callspec.params
+        }
+        self._selected = [i for i in self._plan.items if i.item_id in selected]
+        if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.session.terminal import write_plan
 
-            selected = {
-                item.callspec.params["mb_item"].item_id
-                for item in session.items
-                if hasattr(item, "callspec") and "mb_item" in item.callspec.params
-            }
-            write_plan(session.config, [i for i in self._plan.items if i.item_id in selected], self)
+            write_plan(session.config, self._selected, self)
 
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:
@@ -283,10 +339,35 @@ class ModelbenchSession:
         finally:
             self._in_flight.discard(item.item_id)
         verdict = self.baseline_book().verdict(result)
-        deferred = self.options.correction == "holm" and verdict.p_value is not None
+        deferred = (
+            self.holm_family is not None
+            and verdict.p_value is not None
+            and holm_decision(verdict.p_value, self.baseline_book().alpha, self.holm_family) is None
+        )
         result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
-        _record_properties(node, item, result)
+        _record_properties(node, item, result, self.holm_family)
         return result
+
+    @property
+    def holm_family(self) -> int | None:
+        """``--mb-correction holm``: how many selected items have a statistical gate (Holm's
+        m, known before any item runs, so an item's own p-value can decide it at once)."""
+        if self.options.correction != "holm":
+            return None
+        if self._holm_family is None:
+            self._holm_family = max(1, sum(map(self._tested, self._selected or self.plan.items)))
+        return self._holm_family
+
+    def _tested(self, item: PlannedItem) -> bool:
+        """Whether an item's gate is a statistical test (a value or a reference run)."""
+        if self.options.baseline_run:
+            return True
+        try:
+            entries = self.baseline_book().entries(item.model_name)
+        except ModelbenchUsageError:  # broken file: its items fail; count them (conservative)
+            return True
+        spec = entries.get(item.variant.id) or entries.get(item.env)
+        return spec is not None and (spec.value is not None or spec.run is not None)
 
     def tracker_config(self) -> dict[str, Any]:
         """What an experiment tracker's run records about this session: names and counts only
@@ -334,9 +415,19 @@ class ModelbenchSession:
         if not (report.when == "call" or (report.when == "setup" and report.failed)):
             return
         record = ItemProperties.from_report(report)
-        if record is not None:
-            self.records.append(record)
+        if record is None:
+            return
+        self.records.append(record)
+        if pending_status(report) is not None:  # announced when Holm's final step decides it
+            self._pending[str(record["item"])] = PendingItem(
+                report, _junit_entry(self.config, report)
+            )
+        else:
             self._announce_finished(record)
+
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
+        """An item waiting for Holm's final step shows as ``HOLM-PENDING``, not ``PASSED``."""
+        return pending_status(report) if self.options.correction == "holm" else None
 
     def _announce_finished(self, record: dict[str, Any]) -> None:
         """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items
@@ -365,6 +456,7 @@ class ModelbenchSession:
             recompute_reason=record.get("recomputed"),
             verdict=GateVerdict.from_dict(json.loads(gate)) if gate else None,
             gate_deferred=str(record.get("verdict", "")).endswith(HOLM_PENDING),
+            endpoint_checked=not record.get("endpoint_unchecked"),
         )
         try:
             hook(config=self.config, item_id=result.item_id, summary=summary, result=result)
@@ -400,14 +492,20 @@ class ModelbenchSession:
         if step_summary:
             write_markdown_summary(Path(step_summary), self.records, self._run_dir)
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Holm's final step first, so JUnit, ``--lf``, pytest-html and the terminal (all
+        written at session end) see every item's final outcome."""
+        if self.options.correction == "holm" and self.records and not is_worker(self.config):
+            self._apply_holm(session)
+
+    @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_last(self) -> None:
+        """Last: this process's servers stop; ``--update-baselines`` writes settled scores."""
         if self._evaluator is not None:
             self._evaluator.endpoints.close()  # stop this process's servers, release its GPUs
         if is_worker(self.config) or not self.records:
             return
-        if self.options.correction == "holm":
-            self._apply_holm(session)
         if self.options.update_baselines:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import update_baselines
@@ -421,18 +519,41 @@ class ModelbenchSession:
             )
 
     def _apply_holm(self, session: pytest.Session) -> None:
-        """Re-decide every tested verdict with Holm-adjusted p-values; a failure fails the session."""
+        """Holm over every tested verdict (the family of size m the workers decided with);
+        items that waited get their final outcome everywhere, and any failure fails the run."""
         # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.gates import GateVerdict, holm_adjust_verdicts
+        from pytest_modelbench.gating.gates import DEFAULT_ALPHA, GateVerdict, holm_adjust_verdicts
 
-        tested = [r for r in self.records if r.get("gate")]
+        tested = [r for r in self.records if r.get("gate") and r.get("holm_family")]
         verdicts = [GateVerdict.from_dict(json.loads(record["gate"])) for record in tested]
-        for record, verdict in zip(tested, holm_adjust_verdicts(verdicts), strict=True):
+        family = max([len(tested), *(int(r["holm_family"]) for r in tested)], default=0)
+        # items of the family without a p-value (an error, nothing computed) count as p = 1
+        absent = GateVerdict(passed=True, rule="none", metric="", value=0.0, alpha=0.0, p_value=1.0)
+        settled = holm_adjust_verdicts(
+            [*verdicts, *[absent] * (family - len(verdicts))], DEFAULT_ALPHA
+        )[: len(verdicts)]
+        for record, verdict in zip(tested, settled, strict=True):
             record["verdict"] = verdict.status
+            record["gate"] = json.dumps(verdict.as_dict())
+            record["p_adjusted"] = verdict.p_adjusted
             if not verdict.passed:
                 self.holm_failures.append(verdict.message)
+            waiting = self._pending.pop(str(record["item"]), None)
+            if waiting is not None:
+                settle(self.config, session, waiting, verdict.status, verdict.message)
+                record["outcome"] = waiting.report.outcome
+                self._announce_finished(record)
         if self.holm_failures and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> Any:
+    """pytest's JUnit entry of a test (``--junitxml``), or None."""
+    # lazily: only sessions with an item waiting for Holm get here
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    return xml.node_reporter(report) if xml is not None else None
 
 
 def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
@@ -523,7 +644,9 @@ def _marker_selects(kwargs: Mapping[str, Any], item: PlannedItem) -> bool:
     return True
 
 
-def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult) -> None:
+def _record_properties(
+    node: pytest.Item, item: PlannedItem, result: EvalResult, holm_family: int | None
+) -> None:
     if any(k == PROPERTY_PREFIX + "item" for k, _ in node.user_properties):
         return
     low, high = result.ci
@@ -551,5 +674,7 @@ def _record_properties(node: pytest.Item, item: PlannedItem, result: EvalResult)
         rule=verdict.rule if verdict is not None else None,
         gate=json.dumps(verdict.as_dict()) if verdict is not None else None,
         recomputed=result.recompute_reason,
+        endpoint_unchecked=not result.endpoint_checked or None,
+        holm_family=holm_family if verdict is not None and verdict.p_value is not None else None,
     )
     node.user_properties.extend(properties.to_properties())

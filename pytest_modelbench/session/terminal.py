@@ -115,7 +115,8 @@ def write_summary_table(
         ci = _ci_text(rec)
         verdict = rec.get("verdict") or rec.get("outcome", "-")
         if rec.get("from_store") and verdict != "error":
-            verdict += " (from store)"
+            unchecked = "; endpoint not checked" if rec.get("endpoint_unchecked") else ""
+            verdict += f" (from store{unchecked})"
         rows.append(
             [
                 str(rec.get("model")),

@@ -197,6 +197,8 @@ class ItemProperties:
     gate: str | None = None  # the GateVerdict as JSON (GateVerdict.from_dict reads it)
     recomputed: str | None = None  # why stored results were not reused
     error: str | None = None  # the item's failure message
+    holm_family: int | None = None  # --mb-correction holm: the number of gated items tested
+    endpoint_unchecked: bool | None = None  # from the store; the endpoint could not be asked
 
     _ORDER: ClassVar[tuple[str, ...]] = (
         "item", "model", "env", "variant", "seed", "metric", "score", "ci_low", "ci_high",
@@ -210,7 +212,9 @@ class ItemProperties:
         keys = [k for k in self._ORDER if k in values] if self.metric is not None else []
         if not keys:  # an item that failed before it had a score
             keys = ["item", "model", "env", "variant", "seed", "verdict"]
-        keys += [k for k in ("recomputed", "error") if values[k]]
+        keys += [
+            k for k in ("recomputed", "error", "holm_family", "endpoint_unchecked") if values[k]
+        ]
         return [(PROPERTY_PREFIX + k, _clean(values[k])) for k in keys]
 
     @staticmethod

@@ -32,6 +32,7 @@ class EvalResult:
     directory: Path
     from_store: bool = False
     recompute_reason: str | None = None
+    endpoint_checked: bool = True  # False: read from the store, the endpoint's identity unknown
     verdict: Any = field(default=None, compare=False)  # a gates.GateVerdict once gated
     gate_deferred: bool = False  # --mb-correction holm: decided at session end
 

@@ -63,3 +63,17 @@ def project_lookup(project: Project) -> dict[str, tuple[str, str]]:
     if not (project.root / "qa.jsonl").exists():
         project.qa("qa", 30)
     return project.lookup("qa")
+
+
+def test_an_endpoint_that_answers_without_the_model_is_not_trusted_with_stored_results(
+    project: Project, sim: Any
+) -> None:
+    server = sim(accuracy=1.0, lookup={}, latency=0.001)
+    configure(project, server.base_url, n=10)
+    project.pytester.runpytest("benchmarks/", "--model", "alpha").assert_outcomes(passed=1)
+    server.reconfigure(models=("another-model",))  # same URL, answers: it serves something else
+    server.clear_log()
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*does not serve model 'sim-model'; it serves: another-model*"])
+    assert "from store" not in result.stdout.str() and _completions(server) == 0

@@ -1,0 +1,132 @@
+"""Holm's final step: items whose verdict waited for the others' p-values get their outcome.
+
+Under ``--mb-correction holm`` an item is decided when it finishes whenever its own p-value
+settles it: ``p <= alpha / m`` fails it (Holm rejects it whatever the others' p-values are)
+and ``p >= alpha`` passes it (Holm never rejects it). Only an item in between waits. Its test
+shows ``holm-pending`` while it waits, and when the session ends it is given its final
+outcome in every channel that has seen its report: the test report itself (the terminal's
+counts, FAILURES section and short summary read it), JUnit, ``--lf`` (pytest's record and
+modelbench's crash-proof one), pytest-html and the exit code. Reports, trackers and the
+``pytest_modelbench_item_finished`` hook read the settled records.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.store.records import PROPERTY_PREFIX
+
+PENDING = "holm-pending"  # the terminal category of an item waiting for Holm's final step
+VERDICT_PROPERTY = PROPERTY_PREFIX + "verdict"
+
+
+@dataclass
+class PendingItem:
+    """An item Holm has yet to decide: its call report, and the JUnit entry made from it."""
+
+    report: pytest.TestReport
+    junit: Any = None  # a _pytest.junitxml node reporter, when --junitxml is on
+
+
+def holm_decision(p_value: float, alpha: float, family: int) -> bool | None:
+    """Whether Holm passes an item with this p-value in a family of ``family`` tested items,
+    when that is decided by the p-value alone (``None``: it depends on the other items)."""
+    if p_value >= alpha:
+        return True
+    if p_value <= alpha / max(1, family):
+        return False
+    return None
+
+
+def pending_status(report: pytest.TestReport) -> tuple[str, str, str] | None:
+    """The terminal's (category, letter, word) of a passed call that waits for Holm."""
+    if report.when != "call" or not report.passed:
+        return None
+    for name, value in report.user_properties:
+        if name == VERDICT_PROPERTY:
+            return (PENDING, "h", "HOLM-PENDING") if str(value).endswith("pending)") else None
+    return None
+
+
+def settle(
+    config: pytest.Config, session: pytest.Session, item: PendingItem, verdict: str, message: str
+) -> None:
+    """Give a waiting item its final verdict (``pass`` or ``fail``) everywhere."""
+    report = item.report
+    report.user_properties = [
+        (name, verdict if name == VERDICT_PROPERTY else value)
+        for name, value in report.user_properties
+    ]
+    failed = verdict != "pass"
+    if failed:
+        report.outcome = "failed"
+        report.longrepr = message
+        session.testsfailed += 1
+    _terminal(config, report, "failed" if failed else "passed")
+    _junit(config, item, verdict, message if failed else None)
+    if failed:
+        _lastfailed(config, report)
+        _pytest_html(config, report, message)
+
+
+def _terminal(config: pytest.Config, report: pytest.TestReport, category: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    waiting = reporter.stats.get(PENDING, [])
+    if report in waiting:
+        waiting.remove(report)
+        if not waiting:
+            del reporter.stats[PENDING]
+    reporter.stats.setdefault(category, []).append(report)
+
+
+def _junit(config: pytest.Config, item: PendingItem, verdict: str, failure: str | None) -> None:
+    # lazily: only sessions that settle an item with --junitxml load pytest's JUnit plugin
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    if xml is None or item.junit is None:
+        return
+    case: ET.Element = item.junit.to_xml()  # finalized at teardown: the testcase element
+    for prop in case.iter("property"):
+        if prop.get("name") == VERDICT_PROPERTY:
+            prop.set("value", verdict)
+    if failure is not None:
+        node = ET.Element("failure", message=failure.splitlines()[0][:200])
+        node.text = failure
+        case.append(node)
+        xml.stats["passed"] -= 1
+        xml.stats["failure"] += 1
+
+
+def _lastfailed(config: pytest.Config, report: pytest.TestReport) -> None:
+    for name in ("lfplugin", "modelbench-lastfailed"):
+        plugin = config.pluginmanager.get_plugin(name)
+        if plugin is None:
+            continue
+        if name == "lfplugin":
+            plugin.lastfailed[report.nodeid] = True
+        else:
+            plugin.pytest_runtest_logreport(report)
+
+
+def _pytest_html(config: pytest.Config, report: pytest.TestReport, message: str) -> None:
+    """pytest-html rendered the test as passed at teardown; its data say failed now."""
+    for plugin in config.pluginmanager.get_plugins():
+        data = getattr(getattr(plugin, "_report", None), "data", None)
+        outcomes = getattr(getattr(plugin, "_report", None), "outcomes", None)
+        if not isinstance(data, dict) or "tests" not in data or not isinstance(outcomes, dict):
+            continue
+        for test in data["tests"].get(report.nodeid, []):
+            test["result"] = "Failed"
+            test["resultsTableRow"] = [
+                cell.replace(">Passed<", ">Failed<") for cell in test.get("resultsTableRow", [])
+            ]
+            test["log"] = f"{message}\n{test.get('log', '')}"
+            outcomes["passed"]["value"] -= 1
+            outcomes["failed"]["value"] += 1

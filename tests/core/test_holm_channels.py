@@ -1,0 +1,142 @@
+"""``--mb-correction holm``: an item's final verdict is its pytest outcome in every channel.
+
+For random mixes of baselines (items that fail at once, pass at once, or wait for Holm's final
+step) the terminal counts, the exit code, JUnit, ``--lf``, pytest-html, the leaderboard and
+the ``pytest_modelbench_item_finished`` hook all say the same, with and without xdist.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import random
+import re
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import pytest
+
+from tests.conftest import Project
+
+ENVS = ("qa", "qb", "qc", "qd", "qe")
+ALPHA = 0.05
+
+HOOK = """
+import json, pathlib
+
+def pytest_modelbench_item_finished(item_id, result):
+    with pathlib.Path("finished.jsonl").open("a") as handle:
+        handle.write(json.dumps({"item": item_id, "verdict": result.verdict_text}) + "\\n")
+"""
+
+
+def holm(p_values: dict[str, float], alpha: float = ALPHA) -> dict[str, bool]:
+    """Which hypotheses Holm's step-down rejects (a textbook implementation, for reference)."""
+    m = len(p_values)
+    rejected: dict[str, bool] = dict.fromkeys(p_values, False)
+    for rank, (name, p) in enumerate(sorted(p_values.items(), key=lambda kv: kv[1])):
+        if p > alpha / (m - rank):
+            break
+        rejected[name] = True
+    return rejected
+
+
+@pytest.fixture
+def five(project: Project, sim: Any) -> Project:
+    for env in ENVS:
+        project.qa(env, 200)
+    server = sim(accuracy=0.7, lookup=project.lookup(*ENVS))
+    project.models(
+        {"alpha": {"model": "sim-model", "api_base_url": server.base_url, "max_concurrent": 32}}
+    )
+    for env in ENVS:
+        project.env(env, [{"id": env, "module": "jsonl", "env_args": {"path": f"{env}.jsonl"}}])
+    (project.root / "conftest.py").write_text(HOOK)
+    return project
+
+
+def _junit(project: Project) -> dict[str, tuple[bool, dict[str, str]]]:
+    cases: dict[str, tuple[bool, dict[str, str]]] = {}
+    for case in ET.parse(project.root / "junit.xml").iter("testcase"):
+        props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+        cases[props["mb_item"]] = (case.find("failure") is not None, props)
+    return cases
+
+
+def _html_results(project: Project) -> dict[str, str]:
+    page = (project.root / "page.html").read_text()
+    blob = json.loads(html.unescape(re.search(r'data-jsonblob="([^"]*)"', page)[1]))  # type: ignore[index]
+    return {
+        re.search(r"\[(.*)\]", nodeid)[1]: tests[0]["result"]  # type: ignore[index]
+        for nodeid, tests in blob["tests"].items()
+    }
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+@pytest.mark.parametrize("mix", [1, 2, 3])
+def test_every_channel_shows_the_final_holm_verdict(
+    five: Project, mix: int, workers: str | None
+) -> None:
+    project = five
+    rng = random.Random(mix)
+    # around the true 0.7: passes, failures at once (p <= alpha/m) and items that must wait
+    values = {env: round(rng.choice([0.66, 0.74, 0.76, 0.77, 0.78, 0.8, 0.86]), 2) for env in ENVS}
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text(
+        "".join(f"{env}: {{value: {value}}}\n" for env, value in values.items())
+    )
+    args = ["benchmarks/", "--model", "alpha", "--mb-correction", "holm"]
+    args += ["--junitxml", "junit.xml", "--html", "page.html", "-p", "no:randomly"]
+    if workers:
+        args += ["-n", workers]
+    result = project.pytester.runpytest(*args)
+
+    junit = _junit(project)
+    p_values = {item: float(props["mb_p_value"]) for item, (_, props) in junit.items()}
+    expected = holm(p_values)  # item -> fails
+    failing = {item for item, fails in expected.items() if fails}
+    assert len(p_values) == len(ENVS)
+
+    result.assert_outcomes(passed=len(ENVS) - len(failing), failed=len(failing))
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if failing else pytest.ExitCode.OK)
+    assert "holm-pending" not in result.stdout.str().splitlines()[-1]
+    for item, (has_failure, props) in junit.items():
+        assert has_failure == (item in failing), (item, p_values)
+        assert props["mb_verdict"] == ("fail" if item in failing else "pass")
+    lastfailed = json.loads(
+        (project.root / ".pytest_cache" / "v" / "cache" / "lastfailed").read_text()
+        if failing
+        else "{}"
+    )
+    assert {re.search(r"\[(.*)\]", k)[1] for k in lastfailed} == failing  # type: ignore[index]
+    assert _html_results(project) == {
+        item: "Failed" if item in failing else "Passed" for item in expected
+    }
+    (run,) = project.run_dirs()
+    board = json.loads((run / "leaderboard.json").read_text())
+    verdicts = {row["item_id"]: row["verdict"] for row in board["items"]}
+    assert {row["item_id"]: row["outcome"] for row in board["items"]} == {
+        item: "failed" if item in failing else "passed" for item in expected
+    }
+    assert verdicts == {item: "fail" if item in failing else "pass" for item in expected}
+    finished = [json.loads(line) for line in (project.root / "finished.jsonl").open()]
+    assert {row["item"]: row["verdict"] for row in finished} == verdicts
+    assert len(finished) == len(ENVS)
+
+
+def test_an_item_waiting_for_holm_says_so_and_is_rerun_by_lf(five: Project) -> None:
+    project = five
+    # one clear regression, one item in Holm's grey zone (alpha/m < p < alpha), three passes
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text(
+        "qa: {value: 0.9}\nqb: {value: 0.76}\nqc: {value: 0.5}\nqd: {value: 0.5}\n"
+        "qe: {value: 0.5}\n"
+    )
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--mb-correction", "holm", "-v", "-p", "no:randomly"
+    )
+    result.stdout.fnmatch_lines(["*alpha-qb-seed0* HOLM-PENDING*"])
+    outcome = result.parseoutcomes()
+    assert outcome.get("failed", 0) >= 1 and "holm-pending" not in outcome
+    again = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--mb-correction", "holm", "--lf", "-p", "no:randomly"
+    )
+    again.assert_outcomes(failed=outcome["failed"])
