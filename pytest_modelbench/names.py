@@ -1,4 +1,5 @@
-"""Names used as path components (run ids, item directories, baseline files), made safe exactly."""
+"""Names used as path components (run ids, item directories, baseline files), made safe exactly,
+and as pytest writes item ids into node ids."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import re
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
 _STEP = re.compile(r"^(?P<base>.+)-step(?P<step>\d+)$")
 _MAX_COMPONENT = 120
+# pytest's escaping of parametrize ids (``_pytest.compat.ascii_escaped``)
+_NON_PRINTABLE = {i: f"\\x{i:02x}" for i in range(128) if i not in range(32, 127)}
+_NON_PRINTABLE.update({ord("\t"): "\\t", ord("\r"): "\\r", ord("\n"): "\\n"})
 
 
 def safe_component(name: str) -> str:
@@ -19,11 +23,24 @@ def safe_component(name: str) -> str:
     cleaned = _UNSAFE.sub("_", name).strip(".")
     if cleaned == name and 0 < len(name) <= _MAX_COMPONENT:
         return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    digest = short_hash(name)
     return f"{(cleaned or '_')[: _MAX_COMPONENT - len(digest) - 1]}~{digest}"
+
+
+def short_hash(text: str, digits: int = 12) -> str:
+    """The first ``digits`` hex digits of ``text``'s SHA-256: the ``~hash`` of path components
+    and the ``+hash`` of item ids that would otherwise collide."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:digits]
 
 
 def checkpoint_of(model: str) -> tuple[str, int] | None:
     """``(family, step)`` for a checkpoint-sweep model label ``<name>-step<N>``, else None."""
     match = _STEP.match(model)
     return (match["base"], int(match["step"])) if match else None
+
+
+def param_id(item_id: str) -> str:
+    """How pytest writes ``item_id`` into node ids (``test_benchmark[<param id>]``): ASCII, with
+    non-ASCII and unprintable characters escaped (``modèle`` → ``mod\\xe8le``), as
+    ``_pytest.compat.ascii_escaped`` does unless escaping is switched off."""
+    return item_id.encode("unicode_escape").decode("ascii").translate(_NON_PRINTABLE)

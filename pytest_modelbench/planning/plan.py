@@ -17,7 +17,7 @@ from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.config.schema import EnvVariantSpec, JobFile
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
 from pytest_modelbench.planning.baseline_keys import check_baseline_keys
-from pytest_modelbench.planning.item import Plan, PlannedItem
+from pytest_modelbench.planning.item import ItemKey, Plan, PlannedItem, assign_item_ids, listed
 
 SMOKE = "smoke"
 SMOLLM2 = "smollm2-135m"  # built and served by pytest_modelbench.serving.smollm2
@@ -94,21 +94,34 @@ def _distinct(
     chosen: list[tuple[str, ModelSpec]], configured: set[str]
 ) -> list[tuple[str, ModelSpec]]:
     """Give ad hoc models that would share an id (``orgA/llama-7b``, ``orgB/llama-7b``; two
-    ``.../final`` checkpoints) ids made of as many trailing path components as tell them apart;
-    the same model named twice is kept once. Two different models that still share an id (a
-    models.yaml name equal to an ad hoc model's) are a usage error naming both."""
+    ``.../final`` checkpoints) ids made of as many trailing path components as tell them apart.
+    The same model named twice is kept twice, with one id, for the planner to note once. Two
+    different models that still share an id (a models.yaml name equal to an ad hoc model's)
+    are a usage error naming both."""
     unique: dict[tuple[str, str | None], tuple[str, ModelSpec]] = {}
     for label, spec in chosen:
-        unique.setdefault((label, spec.model if label != spec.model else None), (label, spec))
+        unique.setdefault(_model_key(label, spec), (label, spec))
     by_label: dict[str, list[tuple[str, ModelSpec]]] = {}
     for label, spec in unique.values():
         by_label.setdefault(label, []).append((label, spec))
-    out: list[tuple[str, ModelSpec]] = []
+    final: dict[tuple[str, str | None], tuple[str, ModelSpec]] = {}
     for label, group in by_label.items():
         if len(group) > 1 and label in configured:
             _refuse(label, [spec.model or label for _, spec in group])
-        out.extend(group if len(group) == 1 else _tell_apart(label, group))
-    return out
+        labelled = group if len(group) == 1 else _tell_apart(label, group)
+        final.update(zip([_model_key(*member) for member in group], labelled, strict=True))
+    seen: set[tuple[str, str | None]] = set()
+    repeats = []
+    for label, spec in chosen:
+        key = _model_key(label, spec)
+        if key in seen:
+            repeats.append(final[key])
+        seen.add(key)
+    return [*final.values(), *repeats]
+
+
+def _model_key(label: str, spec: ModelSpec) -> tuple[str, str | None]:
+    return (label, spec.model if label != spec.model else None)
 
 
 def _tell_apart(label: str, group: list[tuple[str, ModelSpec]]) -> list[tuple[str, ModelSpec]]:
@@ -127,6 +140,10 @@ def _refuse(label: str, paths: list[str]) -> NoReturn:
         f"--model: {shown} would both be evaluated as {label!r}; give them distinct names "
         "in configs/models.yaml (models: {name: {model: <id or path>}}) and pass those names"
     )
+
+
+class PlanWarning(UserWarning):
+    """The plan differs from the models × variants × seeds listed; the message says how, why."""
 
 
 def _select_models(
@@ -223,8 +240,7 @@ def _variants_for(
             check_module(selector, f"--env {selector}")
             spec = EnvVariantSpec(id=selector_id(selector), module=selector)
             chosen.extend(expand_variants(selector, spec, config.root / "envs", "--env"))
-    seen: set[str] = set()
-    return [v for v in chosen if not (v.id in seen or seen.add(v.id))]  # type: ignore[func-returns-value]
+    return chosen  # a variant two selectors name is planned once, with a note (_items)
 
 
 def selector_id(selector: str) -> str:
@@ -269,7 +285,7 @@ def build_plan(
                 _variants_for(config, options.envs, check_module),
             )
         ]
-    items = _items(pairs, options)
+    items, notes = _items(pairs, options)
     if not items:
         what = f" matching --env {','.join(options.envs)}" if options.envs else ""
         raise ModelbenchUsageError(
@@ -279,7 +295,7 @@ def build_plan(
     check_baseline_keys(config, items)
     run_name = options.run_name or (job.name if job else "run")
     parent = Path(job.output_dir) if job and job.output_dir else None
-    return Plan(items=tuple(items), run_name=run_name, run_parent=parent)
+    return Plan(items=tuple(items), run_name=run_name, run_parent=parent, notes=tuple(notes))
 
 
 def _job_pairs(
@@ -310,6 +326,10 @@ def _job_pairs(
     return pairs
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _with_overrides(variant: Variant, options: RunOptions) -> tuple[Variant, int]:
     """The variant with ``--env-args``/``--sampling-args`` merged in, and its example limit."""
     if options.env_args:
@@ -322,18 +342,34 @@ def _with_overrides(variant: Variant, options: RunOptions) -> tuple[Variant, int
     return variant, limit
 
 
-def _items(pairs: Pairs, options: RunOptions) -> list[PlannedItem]:
-    """Every model x variant x seed of ``pairs``, each item id once, in order."""
-    items: list[PlannedItem] = []
-    seen: set[str] = set()
+def _items(pairs: Pairs, options: RunOptions) -> tuple[list[PlannedItem], list[str]]:
+    """Every model x variant x seed of ``pairs`` once, in order, each with its own item id; and
+    one note for the user per reason the plan differs from what was listed (an item listed
+    twice, item ids that would collide)."""
+    planned: dict[ItemKey, tuple[ModelSpec, Variant, int]] = {}
+    repeated: list[ItemKey] = []
     for chosen_models, variants in pairs:
         for model_name, model_spec in chosen_models:
             spec = _apply_model_overrides(model_spec, options)
             for base in variants:
                 variant, limit = _with_overrides(base, options)
                 for seed in options.seeds or variant.seeds:
-                    item_id = f"{model_name}-{variant.id}-seed{seed}"
-                    if item_id not in seen:
-                        seen.add(item_id)
-                        items.append(PlannedItem(item_id, model_name, spec, variant, seed, limit))
-    return items
+                    key = (model_name, variant.env, variant.id, seed)
+                    if key in planned:
+                        repeated.append(key)
+                    else:
+                        planned[key] = (spec, variant, limit)
+    ids, notes = assign_item_ids(list(planned))
+    if repeated:
+        twice = list(dict.fromkeys(ids[key] for key in repeated))
+        notes.insert(
+            0,
+            f"{_count(len(planned), 'item')} planned for {len(planned) + len(repeated)} listed "
+            "model × variant × seed combinations: a model, variant or seed named twice (by "
+            f"--model, --env, --seeds or the job file) is planned once; repeated: {listed(twice)}",
+        )
+    items = [
+        PlannedItem(ids[key], key[0], spec, variant, key[3], limit)
+        for key, (spec, variant, limit) in planned.items()
+    ]
+    return items, notes

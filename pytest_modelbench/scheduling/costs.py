@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_modelbench.names import param_id
 from pytest_modelbench.scheduling.policy import Job
 
 if TYPE_CHECKING:
@@ -38,25 +39,47 @@ class JobSource(Protocol):
     def start_costs(self) -> dict[str, float]: ...
 
 
-def item_id_of(nodeid: str, known: Collection[str]) -> str | None:
-    """The item id in a node id's ``[...]`` (``test_benchmark[<item_id>]``), or None.
+def param_part(nodeid: str) -> str | None:
+    """The ``[...]`` of a node id (``path::Class::test[<param ids>]``), or None. Paths have no
+    ``::`` and test names no ``[``, so it starts at the first ``[`` after the first ``::``."""
+    start = nodeid.find("[", nodeid.find("::") + 2) if "::" in nodeid else -1
+    return nodeid[start + 1 : -1] if start >= 0 and nodeid.endswith("]") else None
 
-    With several parametrizations the id is joined with ``-``; the longest known item id
-    between two dashes wins.
+
+class NodeItems:
+    """Node ids → planned items, through the plan's ``{item id: item}`` map.
+
+    ``mb_item``'s parametrize id is the item id as pytest writes it into node ids
+    (:func:`~pytest_modelbench.names.param_id`), so ``test_benchmark[<id>]`` is one
+    dict lookup. A test that adds parameters of its own has pytest's ``-``-joined ids there
+    (``test_x[<id>-strict]``, ``test_x[3-<id>]``): its item is the longest ``-``-separated run
+    of them that the map holds.
     """
-    start = nodeid.find("[", nodeid.rfind("::") + 1)
-    if start < 0 or not nodeid.endswith("]"):
+
+    def __init__(self, items: Mapping[str, PlannedItem]) -> None:
+        self._by_param = {param_id(item.item_id): item for item in items.values()}
+        for item in items.values():  # ids written unescaped (pytest's escaping switched off)
+            self._by_param.setdefault(item.item_id, item)
+        self._found: dict[str, PlannedItem | None] = {}
+
+    def __call__(self, nodeid: str) -> PlannedItem | None:
+        if nodeid not in self._found:
+            self._found[nodeid] = self._lookup(param_part(nodeid))
+        return self._found[nodeid]
+
+    def _lookup(self, params: str | None) -> PlannedItem | None:
+        if params is None or not self._by_param:
+            return None
+        item = self._by_param.get(params)
+        if item is not None:
+            return item
+        parts = params.split("-")
+        for length in range(len(parts) - 1, 0, -1):
+            for first in range(len(parts) - length + 1):
+                item = self._by_param.get("-".join(parts[first : first + length]))
+                if item is not None:
+                    return item
         return None
-    inner = nodeid[start + 1 : -1]
-    if inner in known:
-        return inner
-    parts = inner.split("-")
-    for length in range(len(parts) - 1, 0, -1):
-        for first in range(len(parts) - length + 1):
-            candidate = "-".join(parts[first : first + length])
-            if candidate in known:
-                return candidate
-    return None
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,7 @@ class PlanCosts:
         finished: Collection[str] = (),
     ) -> None:
         self._items = items
+        self._item_of = NodeItems(items)
         self._backend_for = backend_for
         self._durations = dict(durations or {})
         self._finished = set(finished)
@@ -90,11 +114,11 @@ class PlanCosts:
         groups: dict[str, list[int]] = {}
         jobs: list[Job] = []
         for index, nodeid in enumerate(collection):
-            item_id = item_id_of(nodeid, self._items)
-            if item_id is None:
+            item = self._item_of(nodeid)
+            if item is None:
                 jobs.append(Job((index,), None, PLAIN_TEST_S))
             else:
-                groups.setdefault(item_id, []).append(index)
+                groups.setdefault(item.item_id, []).append(index)
         for item_id, indices in groups.items():
             cost = self.cost(item_id)
             extra = PLAIN_TEST_S * (len(indices) - 1)  # other tests of one item read its result
@@ -102,10 +126,10 @@ class PlanCosts:
         return jobs
 
     def job(self, index: int, nodeid: str) -> Job:
-        item_id = item_id_of(nodeid, self._items)
-        if item_id is None:
+        item = self._item_of(nodeid)
+        if item is None:
             return Job((index,), None, PLAIN_TEST_S)
-        cost = self.cost(item_id)
+        cost = self.cost(item.item_id)
         return Job((index,), cost.model, cost.seconds)
 
     def start_costs(self) -> dict[str, float]:

@@ -24,7 +24,7 @@ from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.item import Plan, PlannedItem
-from pytest_modelbench.planning.plan import build_plan
+from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
@@ -234,6 +234,8 @@ class ModelbenchSession:
             return
         try:
             self.plan  # noqa: B018 - validate config and selection before anything runs
+            for note in () if is_worker(self.config) else self.plan.notes:
+                self.config.issue_config_time_warning(PlanWarning(note), stacklevel=2)
             if not self.config.option.collectonly and not is_worker(self.config):
                 self._check_run_dir()
         except ModelbenchUsageError as exc:

@@ -164,3 +164,49 @@ def test_builtin_module_via_env_needs_no_config(project: Project) -> None:
     result.stdout.fnmatch_lines(
         ["benchmarks/test_models.py::test_benchmark[some-model-jsonl-seed0]"]
     )
+
+
+@pytest.fixture
+def dashes(project: Project) -> Project:
+    """Models ``x-y`` and ``x`` × variants ``z`` and ``y-z``: two of the four pairs read ``x-y-z``."""
+    project.qa("qa", 3)
+    project.models({name: {"model": "m", "api_base_url": URL} for name in ("x-y", "x")})
+    for variant in ("z", "y-z"):
+        project.env(variant, [{"id": variant, "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
+    return project
+
+
+def collected_ids(result: pytest.RunResult) -> list[str]:
+    return [line.split("[", 1)[1][:-1] for line in result.outlines if line.startswith("bench")]
+
+
+def test_names_with_dashes_give_every_item_its_own_id(dashes: Project) -> None:
+    result = dashes.pytester.runpytest("benchmarks/", "--model", "all", "--collect-only", "-q")
+    ids = collected_ids(result)
+    assert len(ids) == len(set(ids)) == 4, result.outlines
+    assert {"x-y-y-z-seed0", "x-z-seed0"} < set(ids)  # ids without a clash stay as they were
+    hashed = [i for i in ids if i.startswith("x-y-z-seed0+")]
+    assert len(hashed) == 2
+    result.stdout.fnmatch_lines(
+        ["x-y-z-seed0+* x * y-z * 0 *", "x-y-z-seed0+* x-y * z * 0 *", "4 items, 2 model(s)*"]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*PlanWarning: model 'x' with variant 'y-z' and model 'x-y' with variant 'z' both "
+            "give the item id x-y-z-seed0; to tell them apart their ids get a +hash: "
+            "x-y-z-seed0+*, x-y-z-seed0+*"
+        ]
+    )
+    # a hashed id is one that -k takes whole
+    picked = dashes.pytester.runpytest(
+        "benchmarks/", "--model", "all", "--collect-only", "-q", "-k", hashed[0]
+    )
+    assert collected_ids(picked) == [hashed[0]]
+
+
+def test_an_item_listed_twice_is_planned_once(dashes: Project) -> None:
+    result = dashes.pytester.runpytest(
+        "benchmarks/", "--model", "x,x", "--seeds", "0,1,1", "--collect-only", "-q"
+    )
+    assert collected_ids(result) == ["x-y-z-seed0", "x-y-z-seed1", "x-z-seed0", "x-z-seed1"]
+    result.stdout.fnmatch_lines(["*PlanWarning: 4 items planned for * listed*repeated*"])

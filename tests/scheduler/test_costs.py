@@ -9,18 +9,23 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.config import ModelSpec
+from pytest_modelbench.config.loading import load_config_set
+from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.config.variants import Variant
 from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.planning.plan import build_plan
 from pytest_modelbench.scheduling.costs import (
     ENDPOINT_SWITCH_S,
     FINISHED_S,
     PLAIN_TEST_S,
     SERVER_START_S,
     TOKENS_PER_S,
+    NodeItems,
     PlanCosts,
-    item_id_of,
 )
 from pytest_modelbench.scheduling.durations import DURATIONS_KEY, read_durations
+from tests.conftest import UNREACHABLE_URL, Project
+from tests.reliability.test_fuzz_config import FakeConfig, check_module
 
 
 def variant(
@@ -70,12 +75,45 @@ def costs(items: list[PlannedItem], backend: Any = None, **kwargs: Any) -> PlanC
         ("benchmarks/test_models.py::test_extra[alpha-qa-seed0-strict]", "alpha-qa-seed0"),
         ("benchmarks/test_models.py::test_extra[3-alpha-qa-seed0]", "alpha-qa-seed0"),
         ("benchmarks/test_models.py::Test::test_x[alpha-qa-seed1]", "alpha-qa"),  # longest known
+        ("bench[1]/test_models.py::test_benchmark[alpha-qa-seed0]", "alpha-qa-seed0"),
+        ("benchmarks/test_models.py::test_benchmark[a::b-qa-seed0]", "a::b-qa-seed0"),
+        ("benchmarks/test_models.py::test_benchmark[mod\\xe8le-qa-seed0]", "modèle-qa-seed0"),
         ("tests/test_plain.py::test_plain", None),
         ("tests/test_plain.py::test_param[1]", None),
     ],
 )
 def test_node_ids_map_to_items(nodeid: str, expected: str | None) -> None:
-    assert item_id_of(nodeid, {"alpha-qa-seed0", "alpha-qa"}) == expected
+    qa = variant("qa")
+    known = ["alpha-qa-seed0", "alpha-qa", "a::b-qa-seed0", "modèle-qa-seed0"]
+    found = NodeItems({i: PlannedItem(i, "m", ModelSpec(), qa, 0, -1) for i in known})(nodeid)
+    assert (found.item_id if found else None) == expected
+
+
+def test_the_plan_map_sends_every_collected_item_to_its_own_model(project: Project) -> None:
+    """Names with ``-`` that read alike and a non-ASCII name (escaped in node ids): each node id
+    the workers collect is its own item, with its own model."""
+    project.qa("qa", 3)
+    names = ("x-y", "x", "modèle")
+    project.models({name: {"model": "m", "api_base_url": UNREACHABLE_URL} for name in names})
+    for vid in ("z", "y-z"):
+        project.env(vid, [{"id": vid, "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
+    result = project.pytester.runpytest("benchmarks/", "--model", "all", "--collect-only", "-q")
+    nodeids = [line for line in result.outlines if line.startswith("benchmarks/")]
+    assert "benchmarks/test_models.py::test_benchmark[mod\\xe8le-y-z-seed0]" in nodeids
+    options = RunOptions.from_config(FakeConfig(project.root, {"mb_model": "all"}, {}))  # type: ignore[arg-type]
+    plan = build_plan(load_config_set(project.root / "configs"), options, check_module)
+    assert len(nodeids) == len(plan.items) == 3 * 2
+
+    item_of = NodeItems(plan.by_id())
+    found = [item_of(nodeid) for nodeid in nodeids]
+    assert {(i.model_name, i.variant.id) for i in found if i} == {
+        (model, vid) for model in names for vid in ("z", "y-z")
+    }
+    jobs = costs(list(plan.items)).jobs(nodeids)
+    assert sorted(j.indices for j in jobs) == [(i,) for i in range(6)]
+    for job in jobs:
+        item = found[job.indices[0]]
+        assert item is not None and job.model == item.model_name
 
 
 def test_remembered_durations_tolerate_junk() -> None:
