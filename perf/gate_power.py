@@ -14,12 +14,17 @@ change; dropped model: true drop) and asks every gate whether to fail:
 
 * the paired gate (``PairedRule``: one-sided exact McNemar against the
   reference run's per-example scores, margin 0);
-* the value gate (``NonInferiorityRule`` against the reference run's score,
-  unpaired z-test), with baseline n = 1319 and with the baseline taken as exact;
+* the value gate (``NonInferiorityRule``) against the reference run's score
+  with its n (Farrington–Manning score test, unpaired);
+* the value gate against the reference model's true accuracy as an exact
+  baseline (exact binomial test), once with one row per example and once with
+  4 rollouts per example (exact binomial on Rao–Scott effective counts);
 * naive fixed thresholds: fail if score < baseline - t.
 
-Run ``python perf/gate_power.py`` for the Markdown tables in the README;
-``tests/unit/test_gate_simulation.py`` imports this module.
+Run ``python perf/gate_power.py`` for the Markdown tables in the README: the
+1319-example table, then false alarms and power at every n from 5 to 2000
+(``--sizes``; repetitions shrink for large n to keep the run under 5 minutes
+on 2 cores). ``tests/unit/test_gate_simulation.py`` imports this module.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_modelbench.gating.gates import NonInferiorityRule, PairedRule, ScoreSummary
+from pytest_modelbench.gating.gates import GateRule, NonInferiorityRule, PairedRule, ScoreSummary
 from pytest_modelbench.gating.stats import proportion_estimate
 
 N_EXAMPLES = 1319
@@ -42,6 +47,9 @@ SPREAD = 4.0
 ALPHA = 0.05
 REPETITIONS = 1000
 NAIVE_THRESHOLDS = (0.01, 0.0)
+ROLLOUTS = 4
+SIZES = (5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+GATES = ("paired", "value", "value-exact", "value-rollouts")
 
 
 @dataclass(frozen=True)
@@ -128,8 +136,20 @@ def sample_run(
     return {key: 1.0 if u < acc else 0.0 for key, acc, u in zip(ids, accuracies, luck, strict=True)}
 
 
-def _summary(scores: Mapping[str, float]) -> ScoreSummary:
-    est = proportion_estimate(math.fsum(scores.values()), len(scores))
+def sample_rollouts(
+    ids: Sequence[str], accuracies: Sequence[float], lucks: Sequence[Sequence[float]]
+) -> dict[str, list[float]]:
+    """Per-example 0/1 scores of one run with one rollout per luck vector (independent draws
+    from the example's accuracy: rollouts share its difficulty, not their luck)."""
+    return {
+        key: [1.0 if luck[i] < acc else 0.0 for luck in lucks]
+        for i, (key, acc) in enumerate(zip(ids, accuracies, strict=True))
+    }
+
+
+def _summary(scores: Mapping[str, float | Sequence[float]]) -> ScoreSummary:
+    values = [v for s in scores.values() for v in ((s,) if isinstance(s, float) else s)]
+    est = proportion_estimate(math.fsum(values), len(values))
     return ScoreSummary.from_estimate("accuracy", est, "sim")
 
 
@@ -151,45 +171,95 @@ class SimulationResult:
     rates: tuple[GateRates, ...]
 
 
+def _repetition(
+    bench: Benchmark, rep: int, alpha: float, thresholds: Sequence[float], rollouts: int
+) -> tuple[dict[tuple[str, str], bool], int]:
+    """One (reference, new) pair per scenario: which gates fail, and the null run's flips."""
+    n = len(bench.ids)
+    ref = sample_run(bench.ids, bench.reference, uniforms(n, seed=2 * rep))
+    luck = uniforms(n, seed=2 * rep + 1)  # the new run's; shared by both scenarios
+    rng = random.Random(1_000_003 + rep)  # rollouts' luck: the C generator, for speed
+    roll_luck = [[rng.random() for _ in range(n)] for _ in range(rollouts)]
+    ref_score = math.fsum(ref.values()) / n
+    gates: dict[str, GateRule] = {
+        "paired": PairedRule(reference=ref, margin=0.0, alpha=alpha),
+        "value": NonInferiorityRule(value=ref_score, alpha=alpha, baseline_n=n),
+        "value-exact": NonInferiorityRule(value=bench.reference_accuracy, alpha=alpha),
+    }
+    fails: dict[tuple[str, str], bool] = {}
+    flips = 0
+    for scenario, accuracies in (("null", bench.reference), ("drop", bench.dropped)):
+        new = sample_run(bench.ids, accuracies, luck)
+        summary = _summary(new)
+        for name, gate in gates.items():
+            fails[name, scenario] = not gate.evaluate(summary, new).passed
+        if rollouts:
+            rows = sample_rollouts(bench.ids, accuracies, roll_luck)
+            verdict = gates["value-exact"].evaluate(_summary(rows), rows)
+            fails["value-rollouts", scenario] = not verdict.passed
+        for t in thresholds:
+            fails[f"naive-{t:g}", scenario] = summary.value < ref_score - t - 1e-12
+        if scenario == "null":
+            flips = sum(1 for key in bench.ids if new[key] != ref[key])
+    return fails, flips
+
+
 def simulate(
     bench: Benchmark,
     repetitions: int = REPETITIONS,
     alpha: float = ALPHA,
     thresholds: Sequence[float] = NAIVE_THRESHOLDS,
+    rollouts: int = ROLLOUTS,
 ) -> SimulationResult:
     """Run every gate on ``repetitions`` (reference, new) pairs per scenario; count failures."""
-    n = len(bench.ids)
-    names = ["paired", "value", "value-exact", *(f"naive-{t:g}" for t in thresholds)]
+    names = [g for g in GATES if rollouts or g != "value-rollouts"]
+    names += [f"naive-{t:g}" for t in thresholds]
     fails = {(name, scenario): 0 for name in names for scenario in ("null", "drop")}
     flips = 0
     for rep in range(repetitions):
-        ref = sample_run(bench.ids, bench.reference, uniforms(n, seed=2 * rep))
-        luck = uniforms(n, seed=2 * rep + 1)  # the new run's; shared by both scenarios
-        ref_score = math.fsum(ref.values()) / n
-        paired = PairedRule(reference=ref, margin=0.0, alpha=alpha)
-        value = NonInferiorityRule(value=ref_score, margin=0.0, alpha=alpha, baseline_n=n)
-        value_exact = NonInferiorityRule(value=ref_score, margin=0.0, alpha=alpha)
-        for scenario, accuracies in (("null", bench.reference), ("drop", bench.dropped)):
-            new = sample_run(bench.ids, accuracies, luck)
-            summary = _summary(new)
-            fails["paired", scenario] += not paired.evaluate(summary, new).passed
-            fails["value", scenario] += not value.evaluate(summary).passed
-            fails["value-exact", scenario] += not value_exact.evaluate(summary).passed
-            for t, name in zip(thresholds, names[3:], strict=True):
-                fails[name, scenario] += summary.value < ref_score - t - 1e-12
-            if scenario == "null":
-                flips += sum(1 for key in bench.ids if new[key] != ref[key])
+        failed, flipped = _repetition(bench, rep, alpha, thresholds, rollouts)
+        for key, value in failed.items():
+            fails[key] += value
+        flips += flipped
     rates = tuple(
         GateRates(name, fails[name, "null"] / repetitions, fails[name, "drop"] / repetitions)
         for name in names
     )
-    return SimulationResult(bench, repetitions, alpha, flips / (repetitions * n), rates)
+    return SimulationResult(
+        bench, repetitions, alpha, flips / (repetitions * len(bench.ids)), rates
+    )
+
+
+def repetitions_for(n_examples: int, budget: int = 2_000_000) -> int:
+    """Repetitions at benchmark size n: 4000 up to n = 500, then a fixed budget of simulated
+    examples (2000 at n = 1000, 1000 at n = 2000) keeps the run under 5 minutes on 2 cores."""
+    return max(1000, min(4000, budget // n_examples))
+
+
+def size_table(sizes: Sequence[int] = SIZES, alpha: float = ALPHA, spread: float = SPREAD) -> str:
+    """False alarms (no true change) and power (true 3-point drop) of each gate at each n."""
+    lines = [
+        "| examples | repetitions | paired (exact McNemar) | value, baseline n (Farrington–"
+        "Manning) | value, exact baseline (exact binomial) | value, exact baseline, "
+        f"{ROLLOUTS} rollouts (Rao–Scott) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes:
+        repetitions = repetitions_for(size)
+        bench = make_benchmark(n_examples=size, spread=spread)
+        result = simulate(bench, repetitions, alpha, thresholds=())
+        cells = " | ".join(
+            f"{100 * r.false_alarm:.1f}% / {100 * r.power:.1f}%" for r in result.rates
+        )
+        lines.append(f"| {size} | {repetitions} | {cells} |")
+    return "\n".join(lines)
 
 
 _LABELS = {
     "paired": "paired gate: exact McNemar vs reference run (margin 0)",
-    "value": "value gate: one-sided z-test vs baseline value, baseline n given (unpaired)",
-    "value-exact": "value gate, baseline taken as exact (no n/stderr in the baseline file)",
+    "value": "value gate: Farrington–Manning score test vs reference run's score, baseline n given",
+    "value-exact": "value gate: exact binomial vs the true accuracy as an exact baseline",
+    "value-rollouts": f"value gate, exact baseline, {ROLLOUTS} rollouts per example (Rao–Scott)",
 }
 
 
@@ -231,7 +301,7 @@ def sensitivity_table(
     for size in sizes:
         for spread in spreads:
             bench = make_benchmark(n_examples=size, spread=spread)
-            result = simulate(bench, repetitions, alpha, thresholds=(0.02,))
+            result = simulate(bench, repetitions, alpha, thresholds=(0.02,), rollouts=0)
             paired, naive = result.rates[0], result.rates[-1]
             lines.append(
                 f"| {size} | {spread:g} | {100 * result.flip_rate:.1f}% "
@@ -248,10 +318,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sensitivity", action="store_true", help="also vary benchmark size and spread"
     )
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(v) for v in text.split(",") if v),
+        default=SIZES,
+        help="benchmark sizes of the false-alarm table (comma-separated; empty: none)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     result = simulate(make_benchmark(spread=args.spread), args.repetitions)
     print(markdown_table(result))
+    if args.sizes:
+        print()
+        print(size_table(args.sizes, spread=args.spread))
     if args.sensitivity:
         print()
         print(sensitivity_table((2.0, 3.0, 4.0, 5.0), (500, 1319, 5000), args.repetitions))

@@ -26,9 +26,10 @@ def pytest_modelbench_item_finished(
     config: pytest.Config, item_id: str, summary: Mapping[str, Any], result: EvalResult
 ) -> None:
     """Called once per item that has a result (computed now or read back from the run store),
-    once it is gated, on the controller: the only process, or the xdist controller for items of
-    every worker, in the order they finish. ``summary`` is its ``summary.json``,
-    ``result.verdict`` the gate's decision (``result.gate_deferred`` under
-    ``--mb-correction holm``, decided at session end). Items that failed before they had a
+    once its verdict is final, on the controller: the only process, or the xdist controller for
+    items of every worker. ``result`` is the record the item's worker saved (``result.json``),
+    ``summary`` its ``summary.json``, ``result.verdict`` the gate's decision. Under
+    ``--mb-correction holm`` an item that waits for the other items' p-values is announced
+    when Holm's final step settles it, with its final verdict. Items that failed before they had a
     result (a dead server, a usage error) are not announced. The experiment trackers
     (``--mb-tracker``) are implementations of this hook."""

@@ -8,6 +8,7 @@ gate a paired per-example comparison against that run's journal.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import subprocess
 import warnings
 from collections import defaultdict
@@ -88,11 +89,12 @@ class BaselineBook:
                 f"{result.item_id}: metric {metric!r} was not computed; available: "
                 f"{', '.join(result.summary.get('metrics', {})) or '(none)'}"
             )
+        stderr = entry.get("stderr")  # None: undefined (one example), not zero
         return gates.ScoreSummary(
             metric=metric,
             value=float(value),
             n=int(entry.get("examples") or entry.get("n") or 0),
-            stderr=float(entry.get("stderr") or 0.0),
+            stderr=math.nan if stderr is None else float(stderr),
             ci_low=entry.get("ci_low"),
             ci_high=entry.get("ci_high"),
             subject=result.variant,
@@ -109,18 +111,28 @@ class BaselineBook:
         data = spec.model_dump() if spec else {"run": run_id}
         entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
         reference = self.reference_scores(run_id, result, metric) if run_id else None
-        per_example = self._per_example(result, metric) if reference is not None else None
-        rule = gates.rule_for(entry, reference_scores=reference, alpha=self.alpha)
-        return rule.evaluate(current, per_example)
+        rule = gates.rule_for(
+            entry,
+            reference_scores=reference,
+            alpha=self.alpha,
+            required=self.require,
+            current_run=result.directory.parent.name or None,
+            item=result.item_id,
+        )
+        rows = None if isinstance(rule, gates.MinRule) else self.example_scores(result, metric)
+        return rule.evaluate(current, rows)
 
     @staticmethod
-    def _per_example(result: EvalResult, metric: str) -> dict[str, float]:
-        sums: dict[str, list[float]] = defaultdict(list)
+    def example_scores(result: EvalResult, metric: str) -> dict[str, list[float]]:
+        """Each example's scores of ``metric``, one per rollout, from the item's rows (rows
+        with an error have none): the value gate picks its test from them (0/1 or not,
+        rollouts or not), the paired gate compares their means."""
+        scores: dict[str, list[float]] = defaultdict(list)
         for row in result.rows():
             value = (row.get("metrics") or {}).get(metric)
             if not row.get("error") and value is not None:
-                sums[str(row["example_id"])].append(float(value))
-        return {key: sum(v) / len(v) for key, v in sums.items()}
+                scores[str(row["example_id"])].append(float(value))
+        return dict(scores)
 
 
 def _git_revision(path: str | None) -> str | None:
@@ -150,7 +162,7 @@ class BaselineWarning(UserWarning):
 
 def update_baselines(
     baseline_dir: Path,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[EvalResult],
     run_id: str,
     *,
     replace: bool = False,
@@ -164,10 +176,10 @@ def update_baselines(
 
     yaml = YAML()
     yaml.preserve_quotes = True
-    by_model: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    by_model: dict[str, dict[str, list[EvalResult]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
-        if record.get("score") is not None:
-            by_model[str(record["model"])][str(record["variant"])].append(record)
+        if record.score is not None:
+            by_model[record.model][record.variant].append(record)
     written = []
     today = _dt.date.today().isoformat()
     for model, variants in sorted(by_model.items()):
@@ -175,9 +187,9 @@ def update_baselines(
         path.parent.mkdir(parents=True, exist_ok=True)
         document = (yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None) or {}
         for variant, recs in sorted(variants.items()):
-            values = [float(r["score"]) for r in recs]
-            n = sum(int(r.get("n") or 0) for r in recs)
-            stderrs = [float(r["stderr"]) for r in recs if r.get("stderr") is not None]
+            values = [r.score for r in recs if r.score is not None]
+            n = sum(r.n for r in recs)
+            stderrs = [r.stderr for r in recs if r.stderr is not None]
             stderr = (sum(s * s for s in stderrs) ** 0.5 / len(stderrs)) if stderrs else None
             entry = document.get(variant)
             if entry is None:
@@ -185,7 +197,7 @@ def update_baselines(
                 document[variant] = entry
             elif _keeps_larger(entry, n, replace, display_path(path), variant):
                 continue
-            entry["metric"] = recs[0].get("metric")
+            entry["metric"] = recs[0].metric
             entry["value"] = round(sum(values) / len(values), 6)
             entry.setdefault("margin", 0.0)
             entry["n"] = n
@@ -194,7 +206,7 @@ def update_baselines(
             entry["source"] = f"modelbench run {run_id}"
             entry["run_id"] = run_id
             entry["date"] = today
-            revision = _git_revision(recs[0].get("model_path"))
+            revision = _git_revision(recs[0].model_path)
             if revision:
                 entry["revision"] = revision
             for stale in ("min", "run"):

@@ -9,21 +9,27 @@ case in :func:`rule_for`, and its sentence in :func:`_render` (the one-paragraph
 message is worded per rule).
 
 Every statistical rule fails an item only when the drop *beyond the margin*
-is significant at ``alpha`` (one-sided): a noisy dip passes.
+is significant at ``alpha`` (one-sided): a noisy dip passes. Each verdict
+carries the (1 - 2 alpha) interval for the difference that inverts the same
+test, so a verdict fails exactly when that interval lies below ``-margin``;
+a test whose standard error is zero or undefined is "undecidable" and passes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.gating import stats
+from pytest_modelbench.store.verdict import NO_BASELINE, GateVerdict
 
 __all__ = [
     "BaselineEntry",
+    "ExampleScores",
     "GateRule",
     "GateVerdict",
     "MinRule",
@@ -31,6 +37,7 @@ __all__ = [
     "PairedRule",
     "ScoreSummary",
     "holm_adjust_verdicts",
+    "min_paired_examples",
     "no_baseline_verdict",
     "rule_for",
 ]
@@ -39,6 +46,9 @@ DEFAULT_ALPHA = 0.05
 MAX_LISTED_IDS = 5
 
 PairedMethod = Literal["auto", "mcnemar", "bootstrap", "t"]
+
+ExampleScores = Mapping[str, float | Sequence[float]]
+"""Per-example scores of a run: example id -> its score, or its rollouts' scores."""
 
 
 @dataclass(frozen=True)
@@ -115,73 +125,6 @@ class BaselineEntry:
         )
 
 
-@dataclass(frozen=True)
-class GateVerdict:
-    """The outcome of gating one item, with every number the report shows.
-
-    ``delta`` is current minus baseline (paired: the mean per-example
-    difference on the shared examples), so a regression is negative.
-    ``p_value`` is the one-sided p-value for "dropped by more than
-    ``margin``"; ``p_adjusted`` is set by :func:`holm_adjust_verdicts` and then
-    decides ``passed``. Paired verdicts carry this run's mean on the shared
-    examples (``paired_value``), count examples that got worse/better
-    (``n_worse``/``n_better``) and list a few ids of each.
-    """
-
-    passed: bool
-    rule: str
-    metric: str
-    value: float
-    alpha: float
-    margin: float = 0.0
-    p_value: float | None = None
-    delta: float | None = None
-    baseline_value: float | None = None
-    subject: str = ""
-    ci_low: float | None = None
-    ci_high: float | None = None
-    test: str = ""
-    baseline_path: str | None = None
-    reference_run: str | None = None
-    n_shared: int | None = None
-    paired_value: float | None = None
-    n_worse: int | None = None
-    n_better: int | None = None
-    worse_ids: tuple[str, ...] = ()
-    better_ids: tuple[str, ...] = ()
-    binary: bool = False
-    p_adjusted: float | None = None
-    correction: str | None = None
-    message: str = ""
-
-    SCHEMA_VERSION: ClassVar[int] = 1
-
-    @property
-    def status(self) -> str:
-        """``pass``, ``fail`` or ``no baseline`` (the report's verdict column)."""
-        if self.rule == NO_BASELINE:
-            return "no baseline" if self.passed else "fail"
-        return "pass" if self.passed else "fail"
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (for ``user_properties``, JUnit and ``summary.json``)."""
-        data = dataclasses.asdict(self)
-        data["worse_ids"] = list(self.worse_ids)
-        data["better_ids"] = list(self.better_ids)
-        data["status"] = self.status
-        data["schema_version"] = self.SCHEMA_VERSION
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GateVerdict:
-        """The verdict :meth:`as_dict` wrote (unknown keys, such as ``status``, are ignored)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        values["worse_ids"] = tuple(data.get("worse_ids") or ())
-        values["better_ids"] = tuple(data.get("better_ids") or ())
-        return cls(**values)
-
-
 @runtime_checkable
 class GateRule(Protocol):
     """A way to decide pass/fail for one item against its baseline."""
@@ -192,13 +135,11 @@ class GateRule(Protocol):
         ...
 
     def evaluate(
-        self, current: ScoreSummary, current_scores: Mapping[str, float] | None = None
+        self, current: ScoreSummary, current_scores: ExampleScores | None = None
     ) -> GateVerdict:
-        """Judge ``current``; ``current_scores`` (example id -> score) is needed by paired rules."""
+        """Judge ``current``; ``current_scores`` (example id -> score or rollout scores) is
+        needed by paired rules and lets the value rule pick its test from the rows."""
         ...
-
-
-NO_BASELINE = "none"
 
 
 # --------------------------------------------------------------------------- rules
@@ -215,7 +156,7 @@ class MinRule:
     def evaluate(
         self,
         current: ScoreSummary,
-        current_scores: Mapping[str, float] | None = None,  # noqa: ARG002  # GateRule signature; only paired rules use it
+        current_scores: ExampleScores | None = None,  # noqa: ARG002  # GateRule signature; a floor needs no rows
     ) -> GateVerdict:
         return _finish(
             GateVerdict(
@@ -238,10 +179,22 @@ class MinRule:
 class NonInferiorityRule:
     """Fail only when the score is significantly more than ``margin`` below ``value``.
 
-    One-sided z-test of H0: true score >= value - margin. The baseline's own
-    uncertainty is used when known: its ``stderr``, else its ``n`` (assuming
-    the same per-example spread as the current run: se_cur * sqrt(n_cur / n));
-    with neither, the baseline is treated as an exact number.
+    A one-sided test of H0: true score >= value - margin, chosen from the rows
+    (``current_scores``, example id -> rollout scores):
+
+    * 0/1 scores against an exact baseline (no ``n``/``stderr``): the exact
+      binomial test, with the Clopper–Pearson interval;
+    * 0/1 scores against a baseline with its own ``n`` (or only a ``stderr``:
+      then n = value (1 - value) / stderr^2): the Farrington–Manning score test;
+    * several rollouts per example: the same tests on Rao–Scott effective
+      counts (rows / design effect; a baseline ``n`` counts rows, as
+      ``summary.json``'s n does, and is divided by the same design effect);
+    * other scores: the one-sample t-test (cluster-robust over rollouts, df =
+      examples - 1), Welch's when the baseline has a ``stderr`` or ``n``
+      (its spread then assumed equal to this run's).
+
+    Without rows it is a t-test on the summary's stderr. A zero or undefined
+    standard error is undecidable: the item passes and the message says so.
     """
 
     value: float
@@ -252,41 +205,140 @@ class NonInferiorityRule:
     baseline_path: str | None = None
     name: str = "non-inferiority"
 
-    def baseline_se(self, current: ScoreSummary) -> float:
-        """The standard error attributed to the baseline number."""
-        if self.baseline_stderr is not None:
-            return self.baseline_stderr
-        if self.baseline_n and current.n > 0 and math.isfinite(current.stderr):
-            return current.stderr * math.sqrt(current.n / self.baseline_n)
-        return 0.0
-
     def evaluate(
-        self,
-        current: ScoreSummary,
-        current_scores: Mapping[str, float] | None = None,  # noqa: ARG002  # GateRule signature; only paired rules use it
+        self, current: ScoreSummary, current_scores: ExampleScores | None = None
     ) -> GateVerdict:
-        stderr = current.stderr if math.isfinite(current.stderr) else 0.0
-        result = stats.noninferiority_z_test(
-            current.value, stderr, self.value, self.margin, self.baseline_se(current)
+        result = self.test(current, _rollouts(current_scores))
+        base = GateVerdict(
+            passed=True,
+            rule=self.name,
+            metric=current.metric,
+            value=current.value,
+            alpha=self.alpha,
+            margin=self.margin,
+            baseline_value=self.value,
+            subject=current.subject,
+            ci_low=current.ci_low,
+            ci_high=current.ci_high,
+            baseline_path=self.baseline_path,
         )
-        return _finish(
-            GateVerdict(
-                passed=result.p_value >= self.alpha,
-                rule=self.name,
-                metric=current.metric,
-                value=current.value,
-                alpha=self.alpha,
-                margin=self.margin,
-                p_value=result.p_value,
-                delta=result.delta,
-                baseline_value=self.value,
-                subject=current.subject,
-                ci_low=current.ci_low,
-                ci_high=current.ci_high,
-                test="z-test",
-                baseline_path=self.baseline_path,
+        return _finish(_tested(base, result))
+
+    def test(
+        self, current: ScoreSummary, rows: Mapping[str, Sequence[float]] | None
+    ) -> stats.NonInferiorityResult:
+        """The test the data call for (see the class docstring); ``rows`` that do not
+        reproduce the summary's value describe something else and are not used."""
+        values = [v for scores in rows.values() for v in scores] if rows else []
+        mean = math.fsum(values) / len(values) if values else math.nan
+        if not abs(mean - current.value) <= 1e-9 * max(1.0, abs(current.value)):
+            return self._summary_test(current)
+        clusters: dict[Hashable, Sequence[float]] = {key: v for key, v in (rows or {}).items()}
+        if all(v in (0.0, 1.0) for v in values):
+            return self._binary_test(clusters, len(values), math.fsum(values))
+        return self._mean_test(clusters, values)
+
+    def _binary_test(
+        self, rows: Mapping[Hashable, Sequence[float]], total: int, successes: float
+    ) -> stats.NonInferiorityResult:
+        effect = stats.design_effect(rows)
+        n, k = total / effect, successes / effect
+        baseline_n = self._baseline_n(effect)
+        if baseline_n is None:
+            result = stats.exact_binomial_test(k, n, self.value, self.margin, self.alpha)
+        else:
+            result = stats.farrington_manning_test(
+                k, n, self.value, baseline_n, self.margin, self.alpha
             )
+        if all(len(scores) == 1 for scores in rows.values()):
+            return result
+        return dataclasses.replace(
+            result, method=f"{result.method}, Rao–Scott design effect {effect:.2f}"
         )
+
+    def _baseline_n(self, effect: float) -> float | None:
+        """The baseline's effective n for 0/1 scores; None treats it as an exact number."""
+        if not 0.0 <= self.value <= 1.0:
+            return None  # not a proportion: the exact test fails it whatever the data
+        if self.baseline_n:
+            return self.baseline_n / effect
+        if self.baseline_stderr and 0.0 < self.value < 1.0:
+            return self.value * (1.0 - self.value) / self.baseline_stderr**2
+        return None
+
+    def _mean_test(
+        self, rows: Mapping[Hashable, Sequence[float]], values: Sequence[float]
+    ) -> stats.NonInferiorityResult:
+        if any(len(scores) > 1 for scores in rows.values()):
+            estimate, method = stats.clustered_mean(rows), "cluster-robust t"
+        else:
+            estimate, method = stats.mean_ci(values), "one-sample t"
+        constant = _constant(values)
+        stderr = 0.0 if constant and len(rows) > 1 else estimate.stderr
+        result = self._t_test(estimate.value, stderr, len(values), estimate.n, method)
+        if not result.undecidable:
+            return result
+        if len(rows) < 2:
+            reason = f"one example: {result.reason}"
+        elif constant:
+            reason = f"all {len(values)} scores are {_num(values[0])}: {result.reason}"
+        else:
+            reason = result.reason
+        return dataclasses.replace(result, reason=reason)
+
+    def _summary_test(self, current: ScoreSummary) -> stats.NonInferiorityResult:
+        n = current.n
+        result = self._t_test(current.value, current.stderr, n, n, "t-test on the summary's stderr")
+        if result.undecidable:
+            return dataclasses.replace(result, reason=f"the summary's {result.reason}, no rows")
+        return result
+
+    def _t_test(
+        self, value: float, stderr: float, rows: int, units: int, method: str
+    ) -> stats.NonInferiorityResult:
+        """t-test on ``units`` independent units (examples) of ``rows`` rows; ``units`` 0 is
+        unknown (the normal)."""
+        baseline_se, baseline_df = 0.0, math.inf
+        if self.baseline_stderr is not None:
+            baseline_se = self.baseline_stderr
+        elif self.baseline_n:
+            baseline_se = stderr * math.sqrt(rows / self.baseline_n)
+        if self.baseline_n and units > 0:
+            baseline_df = max(1.0, self.baseline_n * units / rows - 1.0)
+        if baseline_se > 0.0:
+            method = _WELCH_NAMES.get(method, method)
+        return stats.mean_noninferiority_test(
+            value,
+            stderr,
+            units - 1.0 if units > 0 else math.inf,
+            self.value,
+            self.margin,
+            self.alpha,
+            baseline_stderr=baseline_se,
+            baseline_df=baseline_df,
+            method=method,
+        )
+
+
+_WELCH_NAMES = {
+    "one-sample t": "Welch t",
+    "cluster-robust t": "cluster-robust Welch t",
+    "t-test on the summary's stderr": "Welch t-test on the summary's stderr",
+}
+
+
+def min_paired_examples(alpha: float) -> int:
+    """The fewest shared examples a paired gate accepts: 5 at alpha = 0.05.
+
+    With d pairs the smallest one-sided exact McNemar p-value is 2^-d, so with
+    fewer than this many the gate could never fail, whatever the runs did.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    pairs = 1
+    while 0.5**pairs >= alpha:
+        pairs += 1
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -295,12 +347,15 @@ class PairedRule:
 
     With 0/1 scores (``method="auto"`` or ``"mcnemar"``) and ``margin == 0``
     this is the one-sided exact McNemar test (binomial on the discordant
-    pairs). With a margin > 0 it is Tango's one-sided score test of
-    H0: p_new - p_ref >= -margin, whose variance uses the restricted maximum
-    likelihood estimate under that null. Continuous scores use a seeded paired
-    bootstrap (``auto``/``bootstrap``) or the paired t-test (``t``) of
-    H0: mean(new - ref) >= -margin. Fails when p < alpha. With several
-    rollouts per example, pass each example's mean score (then it is continuous).
+    pairs), with the exact conditional interval. With a margin > 0 it is
+    Tango's one-sided score test of H0: p_new - p_ref >= -margin, whose
+    variance uses the restricted maximum likelihood estimate under that null,
+    with Tango's score interval. Continuous scores use a seeded paired
+    bootstrap (``auto``/``bootstrap``; the interval inverts its shift test) or
+    the paired t-test (``t``) of H0: mean(new - ref) >= -margin. Fails when
+    p < alpha. With several rollouts per example each example's mean is
+    compared (then it is continuous). Fewer than :func:`min_paired_examples`
+    shared examples is an :class:`EvaluationError` (``required``: a failure).
     """
 
     reference: Mapping[str, float]
@@ -311,17 +366,25 @@ class PairedRule:
     baseline_path: str | None = None
     n_resamples: int = 2000
     seed: int = 0
+    current_run: str | None = None
+    item: str = ""
+    required: bool = False
     name: str = "paired"
 
     def evaluate(
-        self, current: ScoreSummary, current_scores: Mapping[str, float] | None = None
+        self, current: ScoreSummary, current_scores: ExampleScores | None = None
     ) -> GateVerdict:
         if current_scores is None:
             raise ValueError("PairedRule needs the current run's per-example scores")
-        shared = [key for key in current_scores if key in self.reference]
-        new = [float(current_scores[key]) for key in shared]
+        rows = _rollouts(current_scores) or {}
+        scores = {key: math.fsum(v) / len(v) for key, v in rows.items()}
+        shared = [key for key in scores if key in self.reference]
+        new = [scores[key] for key in shared]
         ref = [float(self.reference[key]) for key in shared]
         binary = {*new, *ref} <= {0.0, 1.0}
+        mcnemar = self.method == "mcnemar" or (self.method == "auto" and binary)
+        if mcnemar and not binary:
+            raise ValueError("method='mcnemar' needs 0/1 scores in both runs")
         base = GateVerdict(
             passed=True,
             rule=self.name,
@@ -337,22 +400,18 @@ class PairedRule:
             n_shared=len(shared),
             binary=binary,
         )
-        if not shared:
-            return _finish(base)
+        if len(shared) < min_paired_examples(self.alpha):
+            return self._too_few(base, current)
         worse = [(n - r, key) for key, n, r in zip(shared, new, ref, strict=True) if n < r]
         better = [(n - r, key) for key, n, r in zip(shared, new, ref, strict=True) if n > r]
         worse.sort(key=lambda item: item[0])  # biggest drops first; stable keeps run order
         better.sort(key=lambda item: -item[0])
-        p_value, test, delta = self._test(new, ref, binary, len(worse), len(better))
+        result = self._test(new, ref, mcnemar, len(worse), len(better))
         return _finish(
             dataclasses.replace(
-                base,
-                passed=p_value >= self.alpha,
-                p_value=p_value,
-                delta=delta,
+                _tested(base, result),
                 baseline_value=math.fsum(ref) / len(ref),
                 paired_value=math.fsum(new) / len(new),
-                test=test,
                 n_worse=len(worse),
                 n_better=len(better),
                 worse_ids=tuple(key for _, key in worse[:MAX_LISTED_IDS]),
@@ -360,30 +419,108 @@ class PairedRule:
             )
         )
 
+    def _too_few(self, base: GateVerdict, current: ScoreSummary) -> GateVerdict:
+        """Too few shared examples: a failure under ``required``, else an error."""
+        if self.required:
+            return _finish(dataclasses.replace(base, passed=False))
+        shared = base.n_shared or 0
+        reference = (
+            f"reference run {self.reference_run}" if self.reference_run else "the reference run"
+        )
+        this = f"run {self.current_run}" if self.current_run else "this run"
+        raise EvaluationError(
+            f"{self.item or current.subject}: the paired gate shares only {shared} example(s) "
+            f"between {this} and {reference}, fewer than the "
+            f"{min_paired_examples(self.alpha)} it needs (with fewer, a one-sided exact "
+            f"McNemar test cannot reach p < {self.alpha:g}), so nothing was compared; run both "
+            "on the same examples, or drop --baseline-run / the baseline's run: entry"
+        )
+
     def _test(
-        self, new: list[float], ref: list[float], binary: bool, n_worse: int, n_better: int
-    ) -> tuple[float, str, float]:
-        """(one-sided p-value, test name, mean difference new - ref)."""
+        self, new: list[float], ref: list[float], mcnemar: bool, n_worse: int, n_better: int
+    ) -> stats.NonInferiorityResult:
+        """The paired test of mean(new - ref) >= -margin and its (1 - 2 alpha) interval."""
         n = len(new)
+        estimate = math.fsum(new) / n
         delta = (math.fsum(new) - math.fsum(ref)) / n
-        use_mcnemar = self.method == "mcnemar" or (self.method == "auto" and binary)
-        if use_mcnemar:
-            if not binary:
-                raise ValueError("method='mcnemar' needs 0/1 scores in both runs")
-            if self.margin == 0.0:
-                result = stats.mcnemar_exact(n_better, n_worse, "less")
-                return result.p_value, result.method, delta
-            score = stats.paired_proportions_score_test(n_better, n_worse, n, -self.margin, "less")
-            return score.p_value, score.method, delta
-        if n < 2:
-            return 1.0, "", delta
-        if self.method == "t":
-            paired = stats.paired_t_test(new, ref, -self.margin, "less")
-        else:
-            paired = stats.paired_bootstrap_test(
-                new, ref, -self.margin, "less", n_resamples=self.n_resamples, seed=self.seed
+        confidence = 1.0 - 2.0 * self.alpha
+        if mcnemar and self.margin == 0.0:
+            p_value = stats.mcnemar_exact(n_better, n_worse, "less").p_value
+            low, high = stats.mcnemar_exact_ci(n_better, n_worse, n, confidence)
+            return stats.NonInferiorityResult(
+                "exact McNemar", estimate, delta, 0.0, p_value, low, high, confidence
             )
-        return paired.p_value, paired.method, delta
+        if mcnemar:
+            result = stats.paired_proportions_score_test(
+                n_better, n_worse, n, -self.margin, "less", confidence
+            )
+        else:
+            if _constant([a - b for a, b in zip(new, ref, strict=True)]):
+                reason = f"every paired difference is {_signed(delta)}: zero standard error"
+                test = "paired t-test" if self.method == "t" else "paired bootstrap"
+                return stats.NonInferiorityResult(
+                    test, estimate, delta, self.margin, None, math.nan, math.nan, confidence, reason
+                )
+            if self.method == "t":
+                result = stats.paired_t_test(new, ref, -self.margin, "less", confidence)
+            else:
+                result = stats.paired_bootstrap_test(
+                    new,
+                    ref,
+                    -self.margin,
+                    "less",
+                    confidence,
+                    n_resamples=self.n_resamples,
+                    seed=self.seed,
+                )
+        return stats.NonInferiorityResult(
+            result.method,
+            estimate,
+            delta,
+            self.margin,
+            result.p_value,
+            result.ci_low,
+            result.ci_high,
+            confidence,
+        )
+
+
+def _rollouts(scores: ExampleScores | None) -> dict[str, tuple[float, ...]] | None:
+    """Example id -> its rollouts' scores (a single score is one rollout); None if empty."""
+    if not scores:
+        return None
+    out: dict[str, tuple[float, ...]] = {}
+    for key, value in scores.items():
+        rows = (float(value),) if isinstance(value, (int, float)) else tuple(map(float, value))
+        if rows:
+            out[str(key)] = rows
+    return out or None
+
+
+def _constant(values: Sequence[float]) -> bool:
+    """Whether the values are all equal, up to rounding (their standard error is then 0, not
+    the 1e-17 that floating-point sums leave, which would make any shift "significant")."""
+    low, high = min(values), max(values)
+    return high - low <= 1e-12 * max(1.0, abs(low), abs(high))
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _tested(base: GateVerdict, result: stats.NonInferiorityResult) -> GateVerdict:
+    """``base`` decided by ``result``: passes iff p >= alpha, or when undecidable."""
+    return dataclasses.replace(
+        base,
+        passed=result.p_value is None or result.p_value >= base.alpha,
+        p_value=result.p_value,
+        delta=result.delta,
+        delta_ci_low=_finite_or_none(result.ci_low),
+        delta_ci_high=_finite_or_none(result.ci_high),
+        delta_confidence=result.confidence,
+        test=result.method,
+        undecidable=(result.reason or "undecidable") if result.p_value is None else "",
+    )
 
 
 def rule_for(
@@ -392,12 +529,17 @@ def rule_for(
     reference_scores: Mapping[str, float] | None = None,
     alpha: float = DEFAULT_ALPHA,
     paired_method: PairedMethod = "auto",
+    required: bool = False,
+    current_run: str | None = None,
+    item: str = "",
 ) -> GateRule:
     """The rule a baseline entry asks for.
 
     Per-example ``reference_scores`` (loaded from ``entry.run`` or
     ``--baseline-run``) make it paired; otherwise ``value`` makes it
     non-inferiority and ``min`` a floor. ``entry.alpha`` beats ``alpha``.
+    ``required`` (``--require-baseline``), ``current_run`` and ``item`` are for
+    a paired gate with too few shared examples: a failure, or an error naming them.
     """
     alpha = entry.alpha if entry.alpha is not None else alpha
     if reference_scores is not None:
@@ -408,6 +550,9 @@ def rule_for(
             method=paired_method,
             reference_run=entry.run,
             baseline_path=entry.path,
+            current_run=current_run,
+            item=item,
+            required=required,
         )
     if entry.run is not None:
         raise ValueError(
@@ -475,6 +620,10 @@ def _num(x: float) -> str:
     return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
 
 
+def _signed(x: float) -> str:
+    return f"{x:+.3f}" if abs(x) < 100 else f"{x:+.1f}"
+
+
 def _p(p: float) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
@@ -490,6 +639,8 @@ def _score_text(v: GateVerdict) -> str:
 def _change_text(v: GateVerdict) -> str:
     assert v.delta is not None
     size = _num(abs(v.delta))
+    if v.undecidable:
+        return f"undecidable, passes untested ({v.undecidable})"
     if not v.passed:
         return f"regression of {size}"
     if v.delta > 0:
@@ -499,6 +650,24 @@ def _change_text(v: GateVerdict) -> str:
     if v.delta >= -v.margin:
         return f"drop of {size} (within margin)"
     return f"drop of {size} (not significant)"
+
+
+def _test_text(v: GateVerdict) -> str:
+    """``, Δ -0.038, 90% CI [-0.064, -0.012], p=0.003, exact binomial``: the test and its interval."""
+    text = ""
+    if v.delta is not None and v.delta_ci_low is not None and v.delta_ci_high is not None:
+        level = f"{100 * (v.delta_confidence or 0.0):.10g}%"
+        text += (
+            f", Δ {_signed(v.delta)}, {level} CI "
+            f"[{_signed(v.delta_ci_low)}, {_signed(v.delta_ci_high)}]"
+        )
+    if v.p_value is not None:
+        text += f", {_p(v.p_value)}"
+    if v.p_adjusted is not None:
+        text += f" (Holm-adjusted p={v.p_adjusted:.3f})"
+    if v.test:
+        text += f", {v.test}"
+    return text
 
 
 def _flips_text(v: GateVerdict) -> str:
@@ -523,8 +692,13 @@ def _render(v: GateVerdict) -> str:
     margin = f"margin {v.margin:g}"
     if v.reference_run is not None or v.n_shared is not None:
         run = f"run {v.reference_run}" if v.reference_run else "reference run"
-        if not v.n_shared:
-            return f"{score} vs {run}: no shared examples, not compared{where}"
+        if v.delta is None:  # too few shared examples to compare (a failure only when required)
+            needed = min_paired_examples(v.alpha)
+            verdict = "not compared" + (" (--require-baseline)" if not v.passed else "")
+            return (
+                f"{score} vs {run}: {v.n_shared or 0} shared examples, fewer than the "
+                f"{needed} a paired comparison needs, {verdict}{where}"
+            )
         against = (
             f"vs {run} {_num(v.baseline_value or 0.0)} ({margin}, {v.n_shared} paired examples"
         )
@@ -533,13 +707,7 @@ def _render(v: GateVerdict) -> str:
         against += ")"
     else:
         against = f"vs baseline {_num(v.baseline_value or 0.0)} ({margin})"
-    text = f"{score} {against}: {_change_text(v)}"
-    if v.p_value is not None:
-        text += f", {_p(v.p_value)}"
-    if v.p_adjusted is not None:
-        text += f" (Holm-adjusted p={v.p_adjusted:.3f})"
-    if v.test:
-        text += f", {v.test}"
+    text = f"{score} {against}: {_change_text(v)}{_test_text(v)}"
     if v.n_worse is not None:
         text += f"; {_flips_text(v)}"
     return text + where

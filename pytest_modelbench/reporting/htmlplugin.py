@@ -9,7 +9,7 @@ holding a fixed-width key (invisible in the page).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ import pytest
 
 from pytest_modelbench.reporting.html import item_fragment, summary_fragment, verdict_class
 from pytest_modelbench.reporting.model import ItemRecord, RunData, build_item, load_run
-from pytest_modelbench.store.records import ItemProperties
+from pytest_modelbench.store.records import PROPERTY_PREFIX
+from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 
 _MISSING_KEY = "~"  # sorts after every number key
@@ -70,9 +71,10 @@ def _cell(column: str, value: Any, numeric: bool) -> str:
     return f'<td class="col-{column}{css}">{escape(str(value or "-"))}</td>'
 
 
-def mb_record(report: pytest.TestReport) -> dict[str, Any] | None:
-    """The report's modelbench properties without the prefix, or None for other tests."""
-    return ItemProperties.from_report(report)
+def mb_item_id(report: pytest.TestReport) -> str | None:
+    """The benchmark item a report is of (its ``mb_item`` property), or None for other tests."""
+    item_id = dict(report.user_properties).get(PROPERTY_PREFIX + "item")
+    return item_id if isinstance(item_id, str) else None
 
 
 class HtmlReportColumns:
@@ -81,17 +83,18 @@ class HtmlReportColumns:
     def __init__(
         self,
         run_dir: Callable[[], Path],
-        records: Callable[[], list[dict[str, Any]]],
+        records: Callable[[], tuple[list[EvalResult], dict[str, str]]],
         examples: int,
     ) -> None:
         self._run_dir = run_dir
         self._records = records
         self.examples = examples
 
-    def item_record(self, record: Mapping[str, Any]) -> ItemRecord:
-        item_id = str(record["item"])
+    def item_record(self, item_id: str, outcome: str) -> ItemRecord:
+        """The item as the report shows it, from the record its worker saved."""
         store = RunStore(self._run_dir()).item(item_id)
-        return build_item(item_id, {}, store.read_summary(), store.read_metadata(), record)
+        result = EvalResult.load(store.directory)
+        return build_item(item_id, {}, store.read_summary(), store.read_metadata(), result, outcome)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
@@ -103,11 +106,11 @@ class HtmlReportColumns:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
-        record = mb_record(report)
-        if record is None:
+        item_id = mb_item_id(report)
+        if item_id is None:
             cells[INSERT_AT:INSERT_AT] = [f'<td class="col-{c}"></td>' for c, _, _, _ in COLUMNS]
             return
-        item = self.item_record(record)
+        item = self.item_record(item_id, report.outcome)
         cells[INSERT_AT:INSERT_AT] = [
             _cell(c, get(item), numeric) for c, _, get, numeric in COLUMNS
         ]
@@ -117,10 +120,10 @@ class HtmlReportColumns:
         it at teardown)."""
         if not (report.when == "call" or (report.when == "setup" and report.failed)):
             return
-        record = mb_record(report)
-        if record is None:
+        item_id = mb_item_id(report)
+        if item_id is None:
             return
-        item = self.item_record(record)
+        item = self.item_record(item_id, report.outcome)
         run_dir = self._run_dir()
         run = RunData(run_id=run_dir.name, directory=run_dir, items=(item,))
         extra = {
@@ -134,8 +137,8 @@ class HtmlReportColumns:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_summary(self, prefix: list[str]) -> None:
-        records = self._records()
+        records, outcomes = self._records()
         if not records:
             return
-        run = load_run(self._run_dir(), records, only_records=True)
+        run = load_run(self._run_dir(), records, outcomes=outcomes, only_records=True)
         prefix.append(summary_fragment(run))

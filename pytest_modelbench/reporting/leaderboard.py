@@ -21,7 +21,7 @@ from pytest_modelbench.reporting.model import LEADERBOARD_JSON, ItemRecord, RunD
 from pytest_modelbench.store.files import atomic_write_text
 
 LEADERBOARD_SCHEMA_VERSION = 1
-_VERDICT_RANK = {"fail": 4, "error": 3, "pass": 2, "no baseline": 1, "": 0}
+_VERDICT_RANK = {"fail": 4, "error": 3, "pass": 2, "undecidable": 1, "no baseline": 1, "": 0}
 
 
 @dataclass(frozen=True)

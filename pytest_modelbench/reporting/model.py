@@ -1,16 +1,12 @@
 """What every report is drawn from: a run's items (:class:`ItemRecord`) as one :class:`RunData`.
 
-Two sources feed it: the controller's session records (``mb_*`` user
-properties, with fresh gate verdicts) and the run store (manifest +
-``summary.json``), so ``modelbench report RUN`` rebuilds the same reports
-without pytest. Verdicts are not in the store; they are read back from the
-``leaderboard.json`` an earlier session wrote, when the item's fingerprint
-still matches.
+Everything comes from the run store: the manifest, each item's ``summary.json`` and its
+saved record (``result.json``: the verdict), so ``modelbench report RUN`` rebuilds the
+same reports without pytest. A session passes its records and their pytest outcomes.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -19,6 +15,7 @@ from typing import Any
 
 from pytest_modelbench.names import checkpoint_of, safe_component
 from pytest_modelbench.store.files import read_json
+from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import MANIFEST, RunStore
 
 LEADERBOARD_JSON = "leaderboard.json"
@@ -121,36 +118,21 @@ def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str,
     }
 
 
-def _record_fields(record: Mapping[str, Any]) -> dict[str, Any]:
-    """Fields of a session record (``mb_*`` user properties without the prefix)."""
-    gate = record.get("gate")
-    gate_data: dict[str, Any] | None = None
-    if isinstance(gate, str) and gate:
-        try:
-            gate_data = json.loads(gate)
-        except ValueError:
-            gate_data = None
-    elif isinstance(gate, Mapping):
-        gate_data = dict(gate)
-    message = str(record.get("error") or (gate_data or {}).get("message") or "")
+def _result_fields(result: EvalResult, outcome: str) -> dict[str, Any]:
+    """Fields of the item's saved record (``result.json``): verdict, baseline, message."""
+    gate = result.verdict
     out: dict[str, Any] = {
-        "verdict": str(record.get("verdict") or record.get("outcome") or ""),
-        "baseline": _float(record.get("baseline")),
-        "delta": _float(record.get("delta")),
-        "p_value": _float(record.get("p_value")),
-        "rule": record.get("rule"),
-        "gate": gate_data,
-        "message": message,
-        "from_store": bool(record.get("from_store")),
-        "outcome": str(record.get("outcome") or ""),
+        "verdict": result.verdict_text,
+        "baseline": gate.baseline_value if gate is not None else None,
+        "delta": gate.delta if gate is not None else None,
+        "p_value": gate.p_value if gate is not None else None,
+        "rule": gate.rule if gate is not None else None,
+        "gate": gate.as_dict() if gate is not None else None,
+        "message": result.message,
+        "from_store": result.from_store,
+        "outcome": outcome,
     }
-    for key in ("metric", "score", "ci_low", "ci_high", "stderr", "n", "errors", "duration_s"):
-        if record.get(key) is not None:
-            out[key] = record[key]
     return out
-
-
-_VERDICT_KEYS = ("verdict", "baseline", "delta", "p_value", "rule", "gate", "message")
 
 
 def build_item(
@@ -158,37 +140,34 @@ def build_item(
     entry: Mapping[str, Any],
     summary: Mapping[str, Any] | None,
     metadata: Mapping[str, Any] | None,
-    record: Mapping[str, Any] | None = None,
-    previous: Mapping[str, Any] | None = None,
+    result: EvalResult | None = None,
+    outcome: str = "",
 ) -> ItemRecord:
-    """Merge the manifest entry, summary, metadata, a session record and a previous report row."""
+    """Merge the manifest entry, summary and metadata with the item's saved record."""
     variant_meta = (metadata or {}).get("variant") or {}
     model_meta = (metadata or {}).get("model") or {}
     data: dict[str, Any] = {
         "item_id": item_id,
-        "model": str(
-            (record or {}).get("model") or entry.get("model") or model_meta.get("name") or ""
-        ),
-        "env": str((record or {}).get("env") or entry.get("env") or variant_meta.get("env") or ""),
-        "variant": str(
-            (record or {}).get("variant") or entry.get("variant") or variant_meta.get("id") or ""
-        ),
-        "seed": _int((record or {}).get("seed", entry.get("seed", (metadata or {}).get("seed")))),
+        "model": result.model
+        if result
+        else str(entry.get("model") or model_meta.get("name") or ""),
+        "env": result.env if result else str(entry.get("env") or variant_meta.get("env") or ""),
+        "variant": result.variant
+        if result
+        else str(entry.get("variant") or variant_meta.get("id") or ""),
+        "seed": result.seed if result else _int(entry.get("seed", (metadata or {}).get("seed"))),
         "module": str(variant_meta.get("module") or ""),
         "status": str(entry.get("status") or ""),
         "path": str(entry.get("path") or safe_component(item_id)),
     }
-    data.update(_summary_fields(summary, str((record or {}).get("metric") or "")))
+    data.update(_summary_fields(summary, result.metric if result else ""))
     if not data.get("status"):
         data["status"] = str(entry.get("status") or "")
-    if record is not None:
-        data.update(_record_fields(record))
-    elif (
-        previous
-        and previous.get("fingerprint")
-        and previous.get("fingerprint") == data.get("fingerprint")
-    ):
-        data.update({k: previous.get(k) for k in (*_VERDICT_KEYS, "from_store", "outcome")})
+    current = result is not None and (
+        result.error is not None or result.summary.get("fingerprint") == data.get("fingerprint")
+    )
+    if result is not None and current:
+        data.update(_result_fields(result, outcome))
     elif entry.get("status") == "error" and entry.get("error"):
         data.update(verdict="error", message=str(entry["error"]))
     data["verdict"] = str(data.get("verdict") or "")
@@ -262,11 +241,13 @@ def list_runs(runs_dir: Path) -> list[Path]:
 
 def load_run(
     directory: Path,
-    records: Sequence[Mapping[str, Any]] | None = None,
+    records: Sequence[EvalResult] | None = None,
     *,
+    outcomes: Mapping[str, str] | None = None,
     only_records: bool = False,
 ) -> RunData:
-    """The run's items: the manifest's, with this session's ``records`` (fresher) merged in.
+    """The run's items: the manifest's, each with its saved record (``result.json``); this
+    session's ``records`` (with their pytest ``outcomes``) are used as they are.
 
     ``only_records`` keeps just the session's items (the pytest-html report
     describes the session, the run directory's reports the whole run).
@@ -274,20 +255,22 @@ def load_run(
     store = RunStore(directory)
     manifest = store.read_manifest()
     entries: Mapping[str, Any] = manifest.get("items") or {}
-    previous = _previous_items(directory)
-    by_record = {str(r.get("item")): r for r in records or [] if r.get("item")}
+    by_record = {r.item_id: r for r in records or []}
     ids: Iterable[str] = by_record if only_records else dict.fromkeys([*entries, *by_record])
     items = []
     for item_id in ids:
         item_store = store.item(item_id)
+        result = by_record.get(item_id) or EvalResult.load(item_store.directory)
         items.append(
             build_item(
                 item_id,
                 entries.get(item_id) or {},
-                item_store.read_summary(),
+                result.summary
+                if result is not None and result.summary
+                else item_store.read_summary(),
                 item_store.read_metadata(),
-                by_record.get(item_id),
-                previous.get(item_id),
+                result,
+                (outcomes or {}).get(item_id, ""),
             )
         )
     return RunData(
@@ -297,10 +280,3 @@ def load_run(
         manifest=manifest,
         generated_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
-
-
-def _previous_items(directory: Path) -> dict[str, Mapping[str, Any]]:
-    data = read_json(directory / LEADERBOARD_JSON) or {}
-    return {
-        str(row.get("item_id")): row for row in data.get("items") or [] if isinstance(row, dict)
-    }

@@ -52,7 +52,7 @@ class TrackedItem:
     stderr: float | None
     n: int  # scored units
     errors: int  # units without a score
-    verdict: str  # "pass", "fail", "no baseline", or "... (Holm pending)"
+    verdict: str  # "pass", "fail", "undecidable", "no baseline", or "... (Holm pending)"
     baseline: float | None  # the baseline's value, when gated against one
     p_value: float | None
     from_store: bool  # read back from the run store

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -21,6 +21,9 @@ from pytest_modelbench.config.options import ReportOptions
 from pytest_modelbench.planning.item import Plan
 from pytest_modelbench.running.progress import PROGRESS_SINK, FileProgress, RecordingProgress
 from pytest_modelbench.workers import WORKER_PROGRESS_DIR, is_worker, worker_input
+
+if TYPE_CHECKING:
+    from pytest_modelbench.store.result import EvalResult
 
 PROGRESS_DIRNAME = ".progress"
 
@@ -35,14 +38,20 @@ class SessionView(Protocol):
     def run_dir(self) -> Path: ...
 
     @property
-    def records(self) -> list[dict[str, Any]]: ...
+    def records(self) -> list[EvalResult]: ...
+
+    @property
+    def outcomes(self) -> dict[str, str]: ...
 
     @property
     def plan(self) -> Plan: ...
 
 
 def write_run_reports(
-    run_dir: Path, records: list[dict[str, Any]] | None, examples: int
+    run_dir: Path,
+    records: list[EvalResult] | None,
+    examples: int,
+    outcomes: Mapping[str, str] | None = None,
 ) -> tuple[list[Path], str | None]:
     """All run-directory reports; returns (paths written, note about what was skipped)."""
     # lazily: report builders load only at session end (pytest start-up)
@@ -56,7 +65,7 @@ def write_run_reports(
         write_parquet_if_changed,
     )
 
-    run = load_run(run_dir, records)
+    run = load_run(run_dir, records, outcomes=outcomes)
     # the parquet pass over the journals also picks the report's failing examples
     pickers = {item.item_id: FailingPicker(item, examples) for item in run.items}
     note = None
@@ -105,7 +114,7 @@ class ReportWriter:
             config.pluginmanager.register(
                 HtmlReportColumns(
                     lambda: self.session.run_dir,
-                    lambda: self.session.records,
+                    lambda: (self.session.records, self.session.outcomes),
                     self.options.report_examples,
                 ),
                 "modelbench-html",
@@ -221,7 +230,7 @@ class ReportWriter:
             return
         try:
             self._written, self._note = write_run_reports(
-                self.session.run_dir, records, self.options.report_examples
+                self.session.run_dir, records, self.options.report_examples, self.session.outcomes
             )
         except OSError as exc:
             self._note = f"reports not written: {exc}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import tempfile
@@ -29,15 +28,17 @@ from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
-from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemProperties
-from pytest_modelbench.store.result import HOLM_PENDING, EvalResult
+from pytest_modelbench.store.records import PROPERTY_PREFIX
+from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
+from pytest_modelbench.store.verdict import GateVerdict
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
 if TYPE_CHECKING:
     from types import FrameType
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
+ITEM_PROPERTY = PROPERTY_PREFIX + "item"
 MARKER_KEYWORDS = ("model", "env", "variant")  # @pytest.mark.modelbench(...)
 
 
@@ -55,7 +56,8 @@ class ModelbenchSession:
         self._book: Any = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
-        self.records: list[dict[str, Any]] = []  # controller: one per finished item (from reports)
+        self.records: list[EvalResult] = []  # controller: one per finished item
+        self.outcomes: dict[str, str] = {}  # controller: item id -> pytest outcome
         self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
@@ -284,7 +286,7 @@ class ModelbenchSession:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.session.terminal import write_plan
 
-            write_plan(session.config, self._selected, self)
+            write_plan(session.config, self._selected, self.backend_for)
 
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:
@@ -346,9 +348,24 @@ class ModelbenchSession:
             and verdict.p_value is not None
             and holm_decision(verdict.p_value, self.baseline_book().alpha, self.holm_family) is None
         )
-        result = dataclasses.replace(result, verdict=verdict, gate_deferred=deferred)
-        _record_properties(node, item, result, self.holm_family)
+        result = dataclasses.replace(
+            result,
+            verdict=verdict,
+            gate_deferred=deferred,
+            holm_family=self.holm_family if verdict.p_value is not None else None,
+            model_path=item.model.model,
+        )
+        self._save(node, result)
         return result
+
+    @staticmethod
+    def _save(node: pytest.Item, result: EvalResult) -> None:
+        """Save the item's record in the store (what the controller reads) and give its test
+        the ``mb_*`` properties (what JUnit and pytest-html show)."""
+        with contextlib.suppress(OSError):  # a store that cannot be written: the item's
+            result.save()  # error already says so; the controller falls back to properties
+        if not any(k == ITEM_PROPERTY for k, _ in node.user_properties):
+            node.user_properties.extend(result.properties())
 
     @property
     def holm_family(self) -> int | None:
@@ -398,17 +415,19 @@ class ModelbenchSession:
                     store.update_item(item_id, status="interrupted")
 
     def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
-        node.user_properties.extend(
-            ItemProperties(
-                item.item_id,
-                item.model_name,
-                item.env,
-                item.variant.id,
-                item.seed,
-                "error",
-                error=message,
-            ).to_properties()
+        result = EvalResult(
+            item_id=item.item_id,
+            model=item.model_name,
+            env=item.env,
+            variant=item.variant.id,
+            seed=item.seed,
+            metric="",
+            summary={},
+            directory=RunStore(self.run_dir).item(item.item_id).directory,
+            error=message,
+            model_path=item.model.model,
         )
+        self._save(node, result)
 
     # -- reporting (controller side) ---------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -416,52 +435,51 @@ class ModelbenchSession:
             return
         if not (report.when == "call" or (report.when == "setup" and report.failed)):
             return
-        record = ItemProperties.from_report(report)
-        if record is None:
+        result = self._result_of(report)
+        if result is None:
             return
-        self.records.append(record)
+        self.records.append(result)
+        self.outcomes[result.item_id] = report.outcome
         if pending_status(report) is not None:  # announced when Holm's final step decides it
-            self._pending[str(record["item"])] = PendingItem(
-                report, _junit_entry(self.config, report)
-            )
+            self._pending[result.item_id] = PendingItem(report, _junit_entry(self.config, report))
         else:
-            self._announce_finished(record)
+            self._announce_finished(result)
+
+    def _result_of(self, report: pytest.TestReport) -> EvalResult | None:
+        """The record the worker saved for a benchmark item's report (None: another test)."""
+        shown = {k[len(PROPERTY_PREFIX) :]: v for k, v in report.user_properties}
+        item_id = shown.get("item")
+        if not isinstance(item_id, str) or self._run_dir is None:
+            return None
+        directory = RunStore(self._run_dir).item(item_id).directory
+        saved = EvalResult.load(directory)
+        if saved is not None:
+            return saved
+        # nothing saved (the store could not be written): what the properties say
+        return EvalResult(
+            item_id=item_id,
+            model=str(shown.get("model")),
+            env=str(shown.get("env")),
+            variant=str(shown.get("variant")),
+            seed=int(str(shown.get("seed") or 0)),
+            metric="",
+            summary={},
+            directory=directory,
+            error=str(shown.get("error") or report.longreprtext or "no result"),
+        )
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
         """An item waiting for Holm's final step shows as ``HOLM-PENDING``, not ``PASSED``."""
         return pending_status(report) if self.options.correction == "holm" else None
 
-    def _announce_finished(self, record: dict[str, Any]) -> None:
+    def _announce_finished(self, result: EvalResult) -> None:
         """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items
-        of every worker arrive here); its summary is read back from the shared run directory."""
+        of every worker arrive here), with the record the worker saved."""
         hook = self.config.hook.pytest_modelbench_item_finished
-        if not hook.get_hookimpls() or record.get("metric") is None or self._run_dir is None:
+        if not hook.get_hookimpls() or result.error is not None or not result.summary:
             return  # nobody listens (the common case costs nothing), or the item has no result
-        store = RunStore(self._run_dir).item(str(record["item"]))
-        summary = store.read_summary()
-        if summary is None:
-            return
-        # lazily: only sessions with a listener rebuild verdicts
-        from pytest_modelbench.gating.gates import GateVerdict
-
-        gate = record.get("gate")
-        result = EvalResult(
-            item_id=str(record["item"]),
-            model=str(record["model"]),
-            env=str(record["env"]),
-            variant=str(record["variant"]),
-            seed=int(record["seed"]),
-            metric=str(record["metric"]),
-            summary=summary,
-            directory=store.directory,
-            from_store=bool(record.get("from_store")),
-            recompute_reason=record.get("recomputed"),
-            verdict=GateVerdict.from_dict(json.loads(gate)) if gate else None,
-            gate_deferred=str(record.get("verdict", "")).endswith(HOLM_PENDING),
-            endpoint_checked=not record.get("endpoint_unchecked"),
-        )
         try:
-            hook(config=self.config, item_id=result.item_id, summary=summary, result=result)
+            hook(config=self.config, item_id=result.item_id, summary=result.summary, result=result)
         except Exception as exc:  # a listener's bug must not stop the session (INTERNALERROR)
             self.hook_failures.append(
                 f"pytest_modelbench_item_finished raised for {result.item_id}: "
@@ -524,27 +542,31 @@ class ModelbenchSession:
         """Holm over every tested verdict (the family of size m the workers decided with);
         items that waited get their final outcome everywhere, and any failure fails the run."""
         # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.gates import DEFAULT_ALPHA, GateVerdict, holm_adjust_verdicts
+        from pytest_modelbench.gating.gates import DEFAULT_ALPHA, holm_adjust_verdicts
 
-        tested = [r for r in self.records if r.get("gate") and r.get("holm_family")]
-        verdicts = [GateVerdict.from_dict(json.loads(record["gate"])) for record in tested]
-        family = max([len(tested), *(int(r["holm_family"]) for r in tested)], default=0)
+        tested = [r for r in self.records if r.verdict is not None and r.holm_family]
+        family = max([len(tested), *(r.holm_family or 0 for r in tested)], default=0)
         # items of the family without a p-value (an error, nothing computed) count as p = 1
         absent = GateVerdict(passed=True, rule="none", metric="", value=0.0, alpha=0.0, p_value=1.0)
+        verdicts = [r.verdict for r in tested if r.verdict is not None]
         settled = holm_adjust_verdicts(
             [*verdicts, *[absent] * (family - len(verdicts))], DEFAULT_ALPHA
         )[: len(verdicts)]
-        for record, verdict in zip(tested, settled, strict=True):
-            record["verdict"] = verdict.status
-            record["gate"] = json.dumps(verdict.as_dict())
-            record["p_adjusted"] = verdict.p_adjusted
-            if not verdict.passed:
-                self.holm_failures.append(verdict.message)
-            waiting = self._pending.pop(str(record["item"]), None)
+        final = {
+            r.item_id: dataclasses.replace(r, verdict=v, gate_deferred=False)
+            for r, v in zip(tested, settled, strict=True)
+        }
+        for result in final.values():
+            with contextlib.suppress(OSError):
+                result.save()  # the record is rewritten once, with its final verdict
+            if result.verdict is not None and not result.verdict.passed:
+                self.holm_failures.append(result.verdict.message)
+            waiting = self._pending.pop(result.item_id, None)
             if waiting is not None:
-                settle(self.config, session, waiting, verdict.status, verdict.message)
-                record["outcome"] = waiting.report.outcome
-                self._announce_finished(record)
+                settle(self.config, session, waiting, result.status, result.message)
+                self.outcomes[result.item_id] = waiting.report.outcome
+                self._announce_finished(result)
+        self.records = [final.get(r.item_id, r) for r in self.records]
         if self.holm_failures and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -644,39 +666,3 @@ def _marker_selects(kwargs: Mapping[str, Any], item: PlannedItem) -> bool:
         if value not in allowed:
             return False
     return True
-
-
-def _record_properties(
-    node: pytest.Item, item: PlannedItem, result: EvalResult, holm_family: int | None
-) -> None:
-    if any(k == PROPERTY_PREFIX + "item" for k, _ in node.user_properties):
-        return
-    low, high = result.ci
-    verdict = result.verdict
-    properties = ItemProperties(
-        item=item.item_id,
-        model=item.model_name,
-        env=item.env,
-        variant=item.variant.id,
-        seed=item.seed,
-        verdict=result.verdict_text,
-        metric=result.metric,
-        score=result.score,
-        ci_low=low,
-        ci_high=high,
-        stderr=result.stderr,
-        n=result.n,
-        errors=result.errors,
-        from_store=result.from_store,
-        duration_s=result.summary.get("duration_s"),
-        model_path=item.model.model,
-        baseline=verdict.baseline_value if verdict is not None else None,
-        delta=verdict.delta if verdict is not None else None,
-        p_value=verdict.p_value if verdict is not None else None,
-        rule=verdict.rule if verdict is not None else None,
-        gate=json.dumps(verdict.as_dict()) if verdict is not None else None,
-        recomputed=result.recompute_reason,
-        endpoint_unchecked=not result.endpoint_checked or None,
-        holm_family=holm_family if verdict is not None and verdict.p_value is not None else None,
-    )
-    node.user_properties.extend(properties.to_properties())

@@ -15,7 +15,7 @@ from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.scheduling.durations import read_durations, write_durations
 from pytest_modelbench.session.core import SESSION_KEY
 from pytest_modelbench.session.lastfailed import LastFailedRecorder
-from pytest_modelbench.store.records import ItemProperties
+from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runstore import resolve_run_ref
 from pytest_modelbench.workers import is_worker
 
@@ -40,9 +40,12 @@ class ResumePlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        record = ItemProperties.record_of(report.user_properties) or {}
-        item_id, seconds = record.get("item"), record.get("duration_s")
-        if not item_id or not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        shown = dict(report.user_properties)  # the item's mb_* properties (JUnit's view)
+        item_id, seconds = (
+            shown.get(PROPERTY_PREFIX + "item"),
+            shown.get(PROPERTY_PREFIX + "duration_s"),
+        )
+        if not isinstance(item_id, str) or type(seconds) not in (int, float):
             return
         if self._durations is None:
             self._durations = read_durations(self.config)

@@ -12,6 +12,7 @@ modelbench's crash-proof one), pytest-html and the exit code. Reports, trackers 
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any
@@ -68,9 +69,9 @@ def settle(
         session.testsfailed += 1
     _terminal(config, report, "failed" if failed else "passed")
     _junit(config, item, verdict, message if failed else None)
+    _pytest_html(config, report, verdict, message if failed else None)
     if failed:
         _lastfailed(config, report)
-        _pytest_html(config, report, message)
 
 
 def _terminal(config: pytest.Config, report: pytest.TestReport, category: str) -> None:
@@ -115,18 +116,24 @@ def _lastfailed(config: pytest.Config, report: pytest.TestReport) -> None:
             plugin.pytest_runtest_logreport(report)
 
 
-def _pytest_html(config: pytest.Config, report: pytest.TestReport, message: str) -> None:
-    """pytest-html rendered the test as passed at teardown; its data say failed now."""
+def _pytest_html(
+    config: pytest.Config, report: pytest.TestReport, verdict: str, failure: str | None
+) -> None:
+    """pytest-html rendered the test at teardown, as waiting; its data get the final verdict."""
     for plugin in config.pluginmanager.get_plugins():
         data = getattr(getattr(plugin, "_report", None), "data", None)
         outcomes = getattr(getattr(plugin, "_report", None), "outcomes", None)
         if not isinstance(data, dict) or "tests" not in data or not isinstance(outcomes, dict):
             continue
         for test in data["tests"].get(report.nodeid, []):
-            test["result"] = "Failed"
-            test["resultsTableRow"] = [
-                cell.replace(">Passed<", ">Failed<") for cell in test.get("resultsTableRow", [])
+            cells = [
+                re.sub(r">[^<>]*\(Holm pending\)<", f">{verdict}<", cell)
+                for cell in test.get("resultsTableRow", [])
             ]
-            test["log"] = f"{message}\n{test.get('log', '')}"
-            outcomes["passed"]["value"] -= 1
-            outcomes["failed"]["value"] += 1
+            if failure is not None:
+                test["result"] = "Failed"
+                cells = [cell.replace(">Passed<", ">Failed<") for cell in cells]
+                test["log"] = f"{failure}\n{test.get('log', '')}"
+                outcomes["passed"]["value"] -= 1
+                outcomes["failed"]["value"] += 1
+            test["resultsTableRow"] = cells

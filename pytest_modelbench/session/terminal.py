@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
-    from pytest_modelbench.session.core import ModelbenchSession
 
 
 def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -30,7 +30,7 @@ def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
 
 
 def write_plan(
-    config: pytest.Config, items: Sequence[PlannedItem], session: ModelbenchSession
+    config: pytest.Config, items: Sequence[PlannedItem], backend_for: Callable[[str], Any]
 ) -> None:
     """The dry-run plan: one line per item with its example count and estimated tokens."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -45,7 +45,7 @@ def write_plan(
     for item in items:
         module = item.variant.module
         if module not in backends:
-            backends[module] = session.backend_for(module)
+            backends[module] = backend_for(module)
         backend = backends[module]
         key = (id(item.variant), item.seed, item.num_examples)
         if key not in counts:
@@ -92,46 +92,36 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def write_summary_table(
-    reporter: Any, records: Sequence[dict[str, Any]], run_dir: Path | None
-) -> None:
-    """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict."""
-    rows = [
-        [
-            "model",
-            "variant",
-            "seed",
-            "metric",
-            "score",
-            "95% CI",
-            "n",
-            "errors",
-            "baseline",
-            "Δ",
-            "verdict",
-        ]
+def _row(result: EvalResult) -> list[str]:
+    """One item's cells: model, variant, seed, metric, score, CI, n, errors, baseline, Δ."""
+    verdict = result.verdict
+    low, high = result.ci
+    ci = f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
+    has_score = result.error is None
+    return [
+        result.model,
+        result.variant,
+        str(result.seed),
+        _fmt(result.metric),
+        _fmt(result.score),
+        ci,
+        _fmt(result.n if has_score else None),
+        _fmt(result.errors if has_score else None),
+        _fmt(verdict.baseline_value if verdict is not None else None),
+        _fmt(verdict.delta if verdict is not None else None),
     ]
-    for rec in _ordered(records):
-        ci = _ci_text(rec)
-        verdict = rec.get("verdict") or rec.get("outcome", "-")
-        if rec.get("from_store") and verdict != "error":
-            unchecked = "; endpoint not checked" if rec.get("endpoint_unchecked") else ""
+
+
+def write_summary_table(reporter: Any, records: Sequence[EvalResult], run_dir: Path | None) -> None:
+    """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict."""
+    header = ["model", "variant", "seed", "metric", "score", "95% CI", "n", "errors"]
+    rows = [[*header, "baseline", "Δ", "verdict"]]
+    for result in _ordered(records):
+        verdict = result.verdict_text
+        if result.from_store and result.error is None:
+            unchecked = "; endpoint not checked" if not result.endpoint_checked else ""
             verdict += f" (from store{unchecked})"
-        rows.append(
-            [
-                str(rec.get("model")),
-                str(rec.get("variant")),
-                _fmt(rec.get("seed")),
-                _fmt(rec.get("metric")),
-                _fmt(rec.get("score")),
-                ci,
-                _fmt(rec.get("n")),
-                _fmt(rec.get("errors")),
-                _fmt(rec.get("baseline")),
-                _fmt(rec.get("delta")),
-                verdict,
-            ]
-        )
+        rows.append([*_row(result), verdict])
     reporter.write_sep("=", "modelbench summary")
     for line in _table(rows, right={2, 4, 6, 7, 8, 9}):
         reporter.write_line(line)
@@ -143,48 +133,37 @@ def write_summary_table(
 MAX_LISTED = 5
 
 
-def write_from_store(reporter: Any, records: Sequence[dict[str, Any]], run_dir: Path) -> None:
+def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path) -> None:
     """Which items were read back from the store instead of evaluated, from which run, when."""
-    stored = [r for r in _ordered(records) if r.get("from_store")]
+    stored = [r for r in _ordered(records) if r.from_store and r.error is None]
     if not stored:
         return
-    store = RunStore(run_dir)
-    manifest = store.read_manifest().get("items") or {}
+    manifest = RunStore(run_dir).read_manifest().get("items") or {}
     reporter.write_line(
         f"from store ({len(stored)} of {len(records)} items, not evaluated again; "
         "--force -k ITEM recomputes):"
     )
-    for rec in stored[:MAX_LISTED]:  # only the listed items' summaries are read
-        item = str(rec.get("item"))
-        summary = store.item(item).read_summary() or {}
-        run = (manifest.get(item) or {}).get("seeded_from") or run_dir.name
-        reporter.write_line(f"  {item}: {run}, finished {summary.get('finished_at', '?')}")
+    for result in stored[:MAX_LISTED]:
+        run = (manifest.get(result.item_id) or {}).get("seeded_from") or run_dir.name
+        finished = result.summary.get("finished_at", "?")
+        reporter.write_line(f"  {result.item_id}: {run}, finished {finished}")
     if len(stored) > MAX_LISTED:
         reporter.write_line(f"  ... and {len(stored) - MAX_LISTED} more (see run_manifest.json)")
 
 
-def write_recomputed(reporter: Any, records: Sequence[dict[str, Any]]) -> None:
+def write_recomputed(reporter: Any, records: Sequence[EvalResult]) -> None:
     """One line per item recomputed instead of reused, saying why (``--force``, changed fields)."""
-    for rec in sorted(records, key=lambda r: str(r.get("item"))):
-        if rec.get("recomputed"):
-            reporter.write_line(f"recomputed {rec.get('item')}: {rec['recomputed']}")
+    for result in sorted(records, key=lambda r: r.item_id):
+        if result.recompute_reason:
+            reporter.write_line(f"recomputed {result.item_id}: {result.recompute_reason}")
 
 
-def _ordered(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _ordered(records: Sequence[EvalResult]) -> list[EvalResult]:
     """Records by model, variant, seed: the order of every table."""
-    return sorted(
-        records, key=lambda r: (str(r.get("model")), str(r.get("variant")), r.get("seed", 0))
-    )
+    return sorted(records, key=lambda r: (r.model, r.variant, r.seed))
 
 
-def _ci_text(rec: dict[str, Any]) -> str:
-    low, high = rec.get("ci_low"), rec.get("ci_high")
-    return f"[{low:.3f}, {high:.3f}]" if isinstance(low, float) and isinstance(high, float) else "-"
-
-
-def write_markdown_summary(
-    path: Path, records: Sequence[dict[str, Any]], run_dir: Path | None
-) -> None:
+def write_markdown_summary(path: Path, records: Sequence[EvalResult], run_dir: Path | None) -> None:
     """Append a Markdown table to a CI job summary file (``$GITHUB_STEP_SUMMARY``)."""
     lines = [
         "## modelbench",
@@ -192,13 +171,10 @@ def write_markdown_summary(
         "| model | variant | seed | metric | score | 95% CI | n | baseline | Δ | verdict |",
         "|---|---|---:|---|---:|---|---:|---:|---:|---|",
     ]
-    for rec in _ordered(records):
-        ci = _ci_text(rec)
-        lines.append(
-            f"| {rec.get('model')} | {rec.get('variant')} | {rec.get('seed')} | {_fmt(rec.get('metric'))} | "
-            f"{_fmt(rec.get('score'))} | {ci} | {_fmt(rec.get('n'))} | {_fmt(rec.get('baseline'))} | "
-            f"{_fmt(rec.get('delta'))} | {rec.get('verdict') or rec.get('outcome')} |"
-        )
+    for result in _ordered(records):
+        cells = _row(result)
+        del cells[7]  # errors: not in the step summary
+        lines.append(f"| {' | '.join([*cells, result.verdict_text])} |")
     if run_dir is not None:
         lines += ["", f"Run store: `{run_dir.name}`"]
     with path.open("a", encoding="utf-8") as handle:

@@ -3,9 +3,8 @@
 Every record has its own schema version, written with it. Files on disk:
 ``results.jsonl`` (one :class:`JournalRow` per example and rollout),
 ``summary.json`` (:class:`ItemSummary`), ``metadata.json`` (:class:`ItemMetadata`)
-and the entries of ``run_manifest.json`` (:class:`ManifestEntry`). From workers
-to the controller: :class:`ItemProperties`, as ``mb_*`` pytest user properties
-(the gate verdict travels inside them as JSON: ``gating.gates.GateVerdict``).
+and the entries of ``run_manifest.json`` (:class:`ManifestEntry`). An item's one
+record, ``result.json`` (identity, summary, verdict), is ``store.result.EvalResult``.
 Journal rows and summaries stay plain dicts at run time (typed as ``TypedDict``),
 since rows are written once per request and summaries are what tests receive.
 """
@@ -13,17 +12,14 @@ since rows are written once per request and summaries are what tests receive.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, TypedDict
-
-from pytest_modelbench.secrets import redact
+from typing import Any, TypedDict
 
 JOURNAL_ROW_VERSION = 1  # the "v" field of every journal row
 SUMMARY_VERSION = 1
 METADATA_VERSION = 1
 MANIFEST_VERSION = 1
-PROPERTIES_VERSION = 1  # the mb_schema property
 PROPERTY_PREFIX = "mb_"
 
 
@@ -167,76 +163,3 @@ class ManifestEntry:
 
 
 _ALWAYS = frozenset({"fingerprint", "score"})
-
-
-@dataclass(frozen=True)
-class ItemProperties:
-    """What a worker sends the controller about one item, as ``mb_*`` pytest user properties
-    (so it reaches JUnit XML, pytest-html and the controller with ``-n N``)."""
-
-    item: str
-    model: str
-    env: str
-    variant: str
-    seed: int
-    verdict: str  # "pass", "fail", "no baseline", "error", or "... (Holm pending)"
-    metric: str | None = None
-    score: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    stderr: float | None = None
-    n: int | None = None
-    errors: int | None = None
-    from_store: bool | None = None  # read back from the run store, nothing requested
-    duration_s: float | None = None
-    model_path: str | None = None  # the HF id or local path evaluated
-    baseline: float | None = None
-    delta: float | None = None
-    p_value: float | None = None
-    rule: str | None = None
-    gate: str | None = None  # the GateVerdict as JSON (GateVerdict.from_dict reads it)
-    recomputed: str | None = None  # why stored results were not reused
-    error: str | None = None  # the item's failure message
-    holm_family: int | None = None  # --mb-correction holm: the number of gated items tested
-    endpoint_unchecked: bool | None = None  # from the store; the endpoint could not be asked
-
-    _ORDER: ClassVar[tuple[str, ...]] = (
-        "item", "model", "env", "variant", "seed", "metric", "score", "ci_low", "ci_high",
-        "stderr", "n", "errors", "from_store", "duration_s", "model_path", "verdict",
-        "baseline", "delta", "p_value", "rule", "gate",
-    )  # fmt: skip
-
-    def to_properties(self) -> list[tuple[str, Any]]:
-        """``(mb_<field>, value)`` pairs; the optional trailing fields only when set."""
-        values = asdict(self)
-        keys = [k for k in self._ORDER if k in values] if self.metric is not None else []
-        if not keys:  # an item that failed before it had a score
-            keys = ["item", "model", "env", "variant", "seed", "verdict"]
-        keys += [
-            k for k in ("recomputed", "error", "holm_family", "endpoint_unchecked") if values[k]
-        ]
-        return [(PROPERTY_PREFIX + k, _clean(values[k])) for k in keys]
-
-    @staticmethod
-    def record_of(user_properties: Iterable[tuple[Any, Any]]) -> dict[str, Any] | None:
-        """The item record (field -> value, no prefix) in a report's user properties, or None
-        for a test that is not a benchmark item."""
-        record = {
-            k[len(PROPERTY_PREFIX) :]: v
-            for k, v in user_properties
-            if isinstance(k, str) and k.startswith(PROPERTY_PREFIX)
-        }
-        return record if record.get("item") else None
-
-    @classmethod
-    def from_report(cls, report: Any) -> dict[str, Any] | None:
-        """:meth:`record_of` a test report, with its ``outcome`` added."""
-        record = cls.record_of(getattr(report, "user_properties", ()))  # collect reports: none
-        if record is not None:
-            record["outcome"] = report.outcome
-        return record
-
-
-def _clean(value: Any) -> Any:
-    """Property values reach JUnit XML, reports and the terminal: no secret in them."""
-    return redact(value) if isinstance(value, str) else value

@@ -1,20 +1,35 @@
-""":class:`EvalResult`: what a test function receives from the ``mb_eval`` fixture."""
+""":class:`EvalResult`: an item's one record: identity, summary, verdict.
+
+The worker that evaluated and gated an item saves it as ``result.json`` beside the item's
+``summary.json`` (:meth:`EvalResult.save`); the controller, the reports, the JUnit properties,
+the trackers and the ``pytest_modelbench_item_finished`` hook read that record
+(:meth:`EvalResult.load`). Under ``--mb-correction holm`` it is rewritten once, when Holm
+settles the item. A test function receives it from the ``mb_eval`` fixture.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from pytest_modelbench.secrets import redact
+from pytest_modelbench.store.files import atomic_write_json, read_json
+from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runstore import ItemStore
+from pytest_modelbench.store.verdict import GateVerdict
 
 HOLM_PENDING = " (Holm pending)"  # suffix of a verdict --mb-correction holm decides at the end
+RESULT = "result.json"
+ERROR = "error"  # the status of an item that has no result (its evaluation failed)
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """The finished evaluation of one item: scores with uncertainty and per-example rows.
+    """The finished evaluation of one item: scores with uncertainty, per-example rows, and
+    the gate's verdict.
 
     Example::
 
@@ -27,21 +42,109 @@ class EvalResult:
     env: str
     variant: str
     seed: int
-    metric: str
-    summary: Mapping[str, Any]
-    directory: Path
-    from_store: bool = False
-    recompute_reason: str | None = None
+    metric: str  # the primary metric ("" for an item that failed before it had a score)
+    summary: Mapping[str, Any]  # the item's summary.json
+    directory: Path  # the item's directory in the run store
+    from_store: bool = False  # read back from the run store, nothing requested
+    recompute_reason: str | None = None  # why stored results were not reused
     endpoint_checked: bool = True  # False: read from the store, the endpoint's identity unknown
-    verdict: Any = field(default=None, compare=False)  # a gates.GateVerdict once gated
+    verdict: GateVerdict | None = field(default=None, compare=False)  # once gated
     gate_deferred: bool = False  # --mb-correction holm: decided at session end
+    holm_family: int | None = None  # --mb-correction holm: the number of items tested
+    error: str | None = None  # why the item has no result (then ``verdict`` is None)
+    model_path: str | None = None  # the HF id or local path evaluated
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    @property
+    def status(self) -> str:
+        """``pass``, ``fail``, ``undecidable``, ``no baseline`` or ``error``: the final verdict."""
+        if self.error is not None:
+            return ERROR
+        return str(self.verdict.status) if self.verdict is not None else "no baseline"
 
     @property
     def verdict_text(self) -> str:
-        """The gate's status as reports show it (``pass``, ``fail``, ``no baseline``), with
-        :data:`HOLM_PENDING` while ``--mb-correction holm`` has yet to decide it."""
-        status = str(self.verdict.status) if self.verdict is not None else "no baseline"
-        return f"{status}{HOLM_PENDING}" if self.gate_deferred else status
+        """:attr:`status` as reports show it, with :data:`HOLM_PENDING` while
+        ``--mb-correction holm`` has yet to decide it."""
+        return f"{self.status}{HOLM_PENDING}" if self.gate_deferred else self.status
+
+    @property
+    def message(self) -> str:
+        """The gate's one paragraph, or the error that stopped the item."""
+        if self.error is not None:
+            return self.error
+        return self.verdict.message if self.verdict is not None else ""
+
+    # -- the record on disk --------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """``result.json``: every field but the summary (``summary.json``) and the directory."""
+        data = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("summary", "directory", "verdict")
+        }
+        data["verdict"] = self.verdict.as_dict() if self.verdict is not None else None
+        return {"schema_version": self.SCHEMA_VERSION, **data}
+
+    def save(self) -> None:
+        """Write ``result.json`` (atomically) in the item's directory."""
+        atomic_write_json(self.directory / RESULT, self.to_json())
+
+    @classmethod
+    def load(cls, directory: Path) -> EvalResult | None:
+        """The record saved in an item directory, or None (none saved, or another schema)."""
+        data = read_json(directory / RESULT)
+        if not isinstance(data, dict) or data.get("schema_version") != cls.SCHEMA_VERSION:
+            return None
+        known = {f.name for f in dataclasses.fields(cls)} - {"summary", "directory", "verdict"}
+        gate = data.get("verdict")
+        return cls(
+            **{k: v for k, v in data.items() if k in known},
+            summary=ItemStore(directory).read_summary() or {},
+            directory=directory,
+            verdict=GateVerdict.from_dict(gate) if isinstance(gate, dict) else None,
+        )
+
+    def properties(self) -> list[tuple[str, Any]]:
+        """The item as ``mb_*`` pytest user properties (JUnit XML, pytest-html): written for
+        those readers only; modelbench itself reads :meth:`load`."""
+        verdict = self.verdict
+        low, high = self.ci
+        values: dict[str, Any] = {
+            "item": self.item_id,
+            "model": self.model,
+            "env": self.env,
+            "variant": self.variant,
+            "seed": self.seed,
+        }
+        if self.error is None:
+            values.update(
+                metric=self.metric,
+                score=self.score,
+                ci_low=low,
+                ci_high=high,
+                stderr=self.stderr,
+                n=self.n,
+                errors=self.errors,
+                from_store=self.from_store,
+                duration_s=self.summary.get("duration_s"),
+                model_path=self.model_path,
+            )
+        values["verdict"] = self.verdict_text
+        if verdict is not None:
+            values.update(
+                baseline=verdict.baseline_value,
+                delta=verdict.delta,
+                p_value=verdict.p_value,
+                rule=verdict.rule,
+            )
+        for key, value in (("recomputed", self.recompute_reason), ("error", self.error)):
+            if value:
+                values[key] = value
+        return [
+            (PROPERTY_PREFIX + k, redact(v) if isinstance(v, str) else v) for k, v in values.items()
+        ]
 
     def _metric(self, name: str | None = None) -> Mapping[str, Any]:
         metrics: Mapping[str, Any] = self.summary.get("metrics", {})

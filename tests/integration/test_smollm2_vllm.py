@@ -98,9 +98,8 @@ def test_readme_main_job_passes_and_the_regression_fails(workdir: Path) -> None:
     regressed = _run(readme_command("--model smollm2-135m", "--sampling-args"), workdir)
     assert regressed.returncode == 1, regressed.stdout[-5000:] + regressed.stderr[-2000:]
     assert "fail" in {verdict for _, verdict in _verdicts(regressed.stdout).values()}
-    assert re.search(r"regression of [\d.]+, p=[\d.e-]+", regressed.stdout), regressed.stdout[
-        -4000:
-    ]
+    paragraph = r"regression of [\d.]+, Δ -[\d.]+, 90% CI \[[-+][\d.]+, [-+][\d.]+\], p[=<][\d.]+"
+    assert re.search(paragraph, regressed.stdout), regressed.stdout[-4000:]
     assert "configs/baselines/smollm2-135m.yaml" in regressed.stdout
     assert "Traceback" not in regressed.stdout
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.gating import stats
 from pytest_modelbench.gating.gates import (
     BaselineEntry,
@@ -40,32 +41,38 @@ def value_rule(value: float = 0.650, margin: float = 0.01, **kw: Any) -> NonInfe
 
 
 def test_regression_fails_with_the_documented_message() -> None:
-    current = ScoreSummary("accuracy", 0.612, 1319, 0.0134, 0.586, 0.638, "medqa")
-    verdict = value_rule().evaluate(current)
-    # z = (0.612 - 0.650 + 0.01) / 0.0134 = -2.0896, p = Phi(z) = 0.0183
+    rows = {f"q{i}": 1.0 if i < 807 else 0.0 for i in range(1319)}  # 807 of 1319 = 0.612
+    current = ScoreSummary("accuracy", 807 / 1319, 1319, 0.0134, 0.586, 0.638, "medqa")
+    verdict = value_rule().evaluate(current, rows)
+    # exact binomial against the exact baseline: P(X <= 807 | 1319, 0.650 - 0.01) = 0.0181
     assert not verdict.passed
-    assert verdict.p_value == pytest.approx(stats.normal_cdf(-0.028 / 0.0134))
-    assert verdict.delta == pytest.approx(-0.038)
+    assert verdict.p_value == pytest.approx(stats.binomial_cdf(807, 1319, 0.64), rel=1e-12)
+    assert verdict.delta == pytest.approx(807 / 1319 - 0.65)
     assert verdict.message == (
         "medqa accuracy 0.612 [0.586, 0.638] vs baseline 0.650 (margin 0.01): "
-        "regression of 0.038, p=0.018, z-test (configs/baselines/gpt-oss-20b.yaml)"
+        "regression of 0.038, Δ -0.038, 90% CI [-0.061, -0.016], p=0.018, exact binomial "
+        "(configs/baselines/gpt-oss-20b.yaml)"
     )
     assert verdict.status == "fail"
+    # rows that do not reproduce the summary's value are not used: the summary's t-test
+    assert value_rule().evaluate(summary(0.612), rows).test == "t-test on the summary's stderr"
 
 
 def test_improvement_passes() -> None:
     verdict = value_rule().evaluate(summary(0.671))
     assert verdict.passed
     assert "improvement of 0.021" in verdict.message
-    assert verdict.p_value == pytest.approx(stats.normal_cdf(0.031 / 0.0134))
+    assert verdict.p_value == pytest.approx(stats.t_cdf(0.031 / 0.0134, 1318))
 
 
 def test_non_significant_dip_passes() -> None:
-    # 0.625 is 0.025 below the baseline, 0.015 beyond the margin, but z = -1.12 (p = 0.13).
+    # 0.625 is 0.025 below the baseline, 0.015 beyond the margin, but t = -1.12 (p = 0.13).
     verdict = value_rule().evaluate(summary(0.625))
     assert verdict.passed
     assert verdict.status == "pass"
-    assert "drop of 0.025 (not significant), p=0.131" in verdict.message
+    assert "drop of 0.025 (not significant), Δ -0.025, 90% CI [-0.047, -0.003], p=0.132" in (
+        verdict.message
+    )
 
 
 def test_dip_within_margin_passes() -> None:
@@ -77,12 +84,14 @@ def test_dip_within_margin_passes() -> None:
 def test_baseline_uncertainty_widens_the_test() -> None:
     current = summary(0.612)
     assert not value_rule().evaluate(current).passed
-    # the same numbers, but the baseline itself came from 1319 examples: se * sqrt(2)
+    # the same numbers, but the baseline itself came from 1319 examples: se * sqrt(2), and
+    # Welch's df = (2 se^2)^2 / (2 se^4 / 1318) = 2636
     with_n = value_rule(n=1319).evaluate(current)
-    assert with_n.passed
-    assert with_n.p_value == pytest.approx(stats.normal_cdf(-0.028 / (0.0134 * 2**0.5)))
+    assert with_n.passed and with_n.test == "Welch t-test on the summary's stderr"
+    assert with_n.p_value == pytest.approx(stats.t_cdf(-0.028 / (0.0134 * 2**0.5), 2636))
     with_se = value_rule(stderr=0.02).evaluate(current)
-    assert with_se.p_value == pytest.approx(stats.normal_cdf(-0.028 / (0.0134**2 + 0.02**2) ** 0.5))
+    df = (0.0134**2 + 0.02**2) ** 2 / (0.0134**4 / 1318)
+    assert with_se.p_value == pytest.approx(stats.t_cdf(-0.028 / (0.0134**2 + 0.02**2) ** 0.5, df))
 
 
 def test_alpha_from_the_baseline_entry() -> None:
@@ -146,10 +155,15 @@ def test_paired_mcnemar_regression_names_the_flips() -> None:
     assert verdict.worse_ids == ("q1", "q2", "q4", "q5", "q7")
     assert verdict.test == "exact McNemar"
     assert verdict.delta == pytest.approx(-10 / 300)
+    # exact conditional interval: Clopper-Pearson for 2 of 14, mapped to (14/300)(2 theta - 1)
+    assert (verdict.delta_ci_low, verdict.delta_ci_high) == pytest.approx(
+        (-0.0442400622906, -0.0106969629794), abs=1e-11
+    )
     assert verdict.message == (
         "medqa accuracy 0.633 [0.607, 0.660] vs run run-0412 0.667 (margin 0, 300 paired "
-        "examples): regression of 0.033, p=0.006, exact McNemar; 12 correct->wrong "
-        "(q1, q2, q4, q5, q7, ...), 2 wrong->correct (configs/baselines/gpt-oss-20b.yaml)"
+        "examples): regression of 0.033, Δ -0.033, 90% CI [-0.044, -0.011], p=0.006, "
+        "exact McNemar; 12 correct->wrong (q1, q2, q4, q5, q7, ...), 2 wrong->correct "
+        "(configs/baselines/gpt-oss-20b.yaml)"
     )
 
 
@@ -188,14 +202,13 @@ def test_paired_only_counts_shared_examples() -> None:
     verdict = PairedRule(ref, reference_run="r").evaluate(summary(0.6), new)
     assert verdict.n_shared == 299
     assert "299 paired examples; this run" in verdict.message
-    none = PairedRule({"other": 1.0}, reference_run="r").evaluate(summary(0.6), {"q": 1.0})
-    assert none.passed and none.p_value is None
-    assert "no shared examples" in none.message
+    with pytest.raises(EvaluationError, match="shares only 0 example"):
+        PairedRule({"other": 1.0}, reference_run="r").evaluate(summary(0.6), {"q": 1.0})
 
 
 def test_paired_continuous_scores() -> None:
     ref = {f"q{i}": (i % 10) / 10 for i in range(200)}
-    dropped = {k: v - 0.05 for k, v in ref.items()}
+    dropped = {k: v - 0.05 + 0.01 * (i % 3 - 1) for i, (k, v) in enumerate(ref.items())}
     for method in ("bootstrap", "t"):
         verdict = PairedRule(ref, method=method).evaluate(summary(0.40, n=200), dropped)
         assert not verdict.passed
@@ -243,9 +256,9 @@ def test_baseline_entry_from_mapping() -> None:
 
 
 def _verdict_with_p(p: float) -> GateVerdict:
-    # choose the score so the one-sided z-test gives exactly p
+    # choose the score so the one-sided t-test (df 1318) gives exactly p
     se = 0.01
-    value = 0.65 - 0.01 + stats.normal_ppf(p) * se
+    value = 0.65 - 0.01 + stats.t_ppf(p, 1318) * se
     return value_rule().evaluate(summary(value, stderr=se))
 
 
@@ -267,5 +280,5 @@ def test_verdict_is_json_serialisable() -> None:
     data = json.loads(json.dumps(verdict.as_dict()))
     assert data["status"] == "pass" if verdict.passed else "fail"
     assert data["worse_ids"] == list(verdict.worse_ids)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["message"] == verdict.message

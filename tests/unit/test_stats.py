@@ -314,17 +314,20 @@ def test_paired_bootstrap_null_difference_shifts_the_test() -> None:
     assert stats.paired_bootstrap_test(x, y, -0.05, "less").p_value == 1.0
 
 
-def test_noninferiority_z_test() -> None:
-    # delta = -0.05, margin 0.01, se 0.01: z = -4, p = Phi(-4)
-    result = stats.noninferiority_z_test(0.60, 0.01, 0.65, margin=0.01)
-    assert result.z == pytest.approx(-4.0)
+def test_mean_noninferiority_test_normal_and_welch() -> None:
+    # delta = -0.05, margin 0.01, se 0.01, df = inf: t = -4, p = Phi(-4)
+    result = stats.mean_noninferiority_test(0.60, 0.01, math.inf, 0.65, margin=0.01)
     assert result.p_value == pytest.approx(3.1671241833119863e-05, rel=1e-9)
-    # a baseline with its own se 0.01: z = -0.04 / sqrt(2e-4) = -2.828427, p = 0.0023389
-    shared = stats.noninferiority_z_test(0.60, 0.01, 0.65, margin=0.01, baseline_stderr=0.01)
+    assert result.ci_high == pytest.approx(-0.05 + 1.6448536269514722 * 0.01, abs=1e-12)
+    # a baseline with its own se 0.01: t = -0.04 / sqrt(2e-4) = -2.828427, p = 0.0023389
+    shared = stats.mean_noninferiority_test(
+        0.60, 0.01, math.inf, 0.65, margin=0.01, baseline_stderr=0.01
+    )
     assert shared.p_value == pytest.approx(0.0023388674905236, rel=1e-9)
-    exact = stats.noninferiority_z_test(0.60, 0.0, 0.65, margin=0.01)
-    assert exact.p_value == 0.0
-    assert stats.noninferiority_z_test(0.65, 0.0, 0.65, margin=0.01).p_value == 1.0
+    # a zero or undefined standard error decides nothing (it used to give p = 0)
+    exact = stats.mean_noninferiority_test(0.60, 0.0, 10, 0.65, margin=0.01)
+    assert exact.undecidable and exact.p_value is None and exact.reason == "zero standard error"
+    assert stats.mean_noninferiority_test(0.6, math.nan, 10, 0.65).undecidable
 
 
 def test_holm_worked_example() -> None:

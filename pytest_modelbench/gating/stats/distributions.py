@@ -1,12 +1,14 @@
 """Distribution functions in pure Python: normal, Student t, regularized beta, binomial.
 
 Accurate to about 1e-12 (normal) and better than 1e-8 (Student t, any df;
-1e-10 for df < 1e5) in absolute terms.
+1e-10 for df < 1e5) in absolute terms. :func:`find_root` (Brent's method)
+inverts them for exact intervals.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 _SQRT2 = math.sqrt(2.0)
 _SQRT2PI = math.sqrt(2.0 * math.pi)
@@ -186,6 +188,89 @@ def binomial_half_cdf(k: int, n: int) -> float:
         total += term
         term = term * (n - i) // (i + 1)
     return total / (1 << n)
+
+
+def binomial_cdf(k: float, n: float, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), as I_{1-p}(n - k, k + 1).
+
+    ``k`` and ``n`` may be fractional (the effective counts of clustered data):
+    the incomplete beta is the binomial CDF's continuous extension.
+    """
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    return _regularized_beta(1.0 - p, p, n - k, k + 1.0)
+
+
+def binomial_sf(k: float, n: float, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), as I_p(k, n - k + 1) (fractional k, n allowed)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    return _regularized_beta(p, 1.0 - p, k, n - k + 1.0)
+
+
+def find_root(f: Callable[[float], float], lo: float, hi: float, *, xtol: float = 1e-14) -> float:
+    """A root of ``f`` in [lo, hi], where f(lo) and f(hi) differ in sign (Brent's method).
+
+    A transcription of scipy's ``brentq``: inverse quadratic interpolation,
+    falling back to bisection, to within ``xtol`` plus 4 ulp of the root.
+    """
+    x_pre, x_cur = lo, hi
+    f_pre, f_cur = f(x_pre), f(x_cur)
+    if f_pre == 0.0:
+        return x_pre
+    if f_cur == 0.0:
+        return x_cur
+    if (f_pre > 0.0) == (f_cur > 0.0):
+        raise ValueError(f"find_root: f({lo!r}) and f({hi!r}) have the same sign")
+    x_blk = f_blk = s_pre = s_cur = 0.0
+    for _ in range(300):
+        if f_pre != 0.0 and f_cur != 0.0 and (f_pre > 0.0) != (f_cur > 0.0):
+            x_blk, f_blk = x_pre, f_pre
+            s_pre = s_cur = x_cur - x_pre
+        if abs(f_blk) < abs(f_cur):
+            x_pre, x_cur, x_blk = x_cur, x_blk, x_cur
+            f_pre, f_cur, f_blk = f_cur, f_blk, f_cur
+        delta = 0.5 * (xtol + 8.9e-16 * abs(x_cur))
+        s_bis = 0.5 * (x_blk - x_cur)
+        if f_cur == 0.0 or abs(s_bis) < delta:
+            return x_cur
+        s_try = _interpolation_step(x_pre, x_cur, x_blk, f_pre, f_cur, f_blk)
+        if (
+            abs(s_pre) > delta
+            and abs(f_cur) < abs(f_pre)
+            and 2.0 * abs(s_try) < min(abs(s_pre), 3.0 * abs(s_bis) - delta)
+        ):
+            s_pre, s_cur = s_cur, s_try
+        else:
+            s_pre = s_cur = s_bis
+        x_pre, f_pre = x_cur, f_cur
+        x_cur += s_cur if abs(s_cur) > delta else math.copysign(delta, s_bis)
+        f_cur = f(x_cur)
+    return x_cur
+
+
+def _interpolation_step(
+    x_pre: float, x_cur: float, x_blk: float, f_pre: float, f_cur: float, f_blk: float
+) -> float:
+    """Brent's proposed step from x_cur: secant, or inverse quadratic with three points."""
+    if f_cur == f_pre:
+        return math.inf  # no slope: the caller bisects
+    if x_pre == x_blk:
+        return -f_cur * (x_cur - x_pre) / (f_cur - f_pre)
+    d_pre = (f_pre - f_cur) / (x_pre - x_cur)
+    d_blk = (f_blk - f_cur) / (x_blk - x_cur)
+    denominator = d_blk * d_pre * (f_blk - f_pre)
+    if denominator == 0.0:
+        return math.inf
+    return -f_cur * (f_blk * d_blk - f_pre * d_pre) / denominator
 
 
 def normal_quantile_two_sided(confidence: float) -> float:

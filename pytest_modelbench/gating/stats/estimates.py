@@ -1,5 +1,6 @@
-"""Estimates of one score: Wilson intervals for proportions, t intervals for means,
-cluster-robust standard errors when an example has several rollouts, and the spread across seeds."""
+"""Estimates of one score: Wilson and Clopper–Pearson intervals for proportions, t intervals for
+means, cluster-robust standard errors and design effects when an example has several rollouts,
+and the spread across seeds."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_modelbench.gating.stats.distributions import normal_quantile_two_sided, t_ppf
+from pytest_modelbench.gating.stats.distributions import (
+    binomial_cdf,
+    binomial_sf,
+    find_root,
+    normal_quantile_two_sided,
+    t_ppf,
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,61 @@ def wilson_interval(
         root = math.sqrt(z2 + 2.0 - 1.0 / n + 4.0 * p * (n * q - 1.0))
         high = min(1.0, (2.0 * n * p + z2 + 1.0 + z * root) / denom)
     return low, high
+
+
+def clopper_pearson_interval(
+    successes: float, n: float, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Clopper–Pearson ("exact") interval: the p whose binomial tails at ``successes`` are
+    (1 - confidence) / 2 each (scipy's ``binomtest(...).proportion_ci(method="exact")``).
+
+    Fractional counts (effective counts of clustered data) use the binomial's
+    continuous extension (:func:`binomial_cdf`).
+    """
+    if n <= 0 or not 0.0 <= successes <= n:
+        raise ValueError(
+            f"clopper_pearson_interval: need 0 <= successes <= n and n > 0, got {successes}/{n}"
+        )
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    tail = 0.5 * (1.0 - confidence)
+    low = (
+        0.0
+        if successes <= 0
+        else find_root(lambda p: binomial_sf(successes, n, p) - tail, 0.0, 1.0)
+    )
+    high = (
+        1.0
+        if successes >= n
+        else find_root(lambda p: binomial_cdf(successes, n, p) - tail, 0.0, 1.0)
+    )
+    return low, high
+
+
+def design_effect(values_by_cluster: Mapping[Hashable, Sequence[float]]) -> float:
+    """Rao–Scott design effect of the mean of clustered 0/1 rows (rollouts grouped by example).
+
+    The cluster-robust (CR1) variance of the mean over the binomial p(1-p)/N,
+    kept within [1, sum(m_g^2)/N] (independent rows .. identical rollouts).
+    With one row per cluster it is 1; at a mean of 0 or 1, where the data
+    cannot tell, it is the upper end (every rollout of an example alike).
+    """
+    sizes = [len(rows) for rows in values_by_cluster.values() if rows]
+    total = sum(sizes)
+    if total == 0:
+        raise ValueError("design_effect: no values")
+    upper = sum(m * m for m in sizes) / total
+    if upper <= 1.0:
+        return 1.0
+    p = math.fsum(v for rows in values_by_cluster.values() for v in rows) / total
+    if len(sizes) < 2 or p <= 0.0 or p >= 1.0:
+        return upper
+    g = len(sizes)
+    spread = math.fsum(
+        math.fsum(v - p for v in rows) ** 2 for rows in values_by_cluster.values() if rows
+    )
+    robust = g / (g - 1) * spread / (total * total)
+    return min(upper, max(1.0, robust / (p * (1.0 - p) / total)))
 
 
 def proportion_estimate(successes: float, n: int, confidence: float = 0.95) -> Estimate:

@@ -1,6 +1,6 @@
-"""Tests that compare two scores: exact McNemar and Tango's score test for paired 0/1 scores,
-the paired t-test and a seeded paired bootstrap for continuous ones, a one-sided z-test against
-a baseline number, and Holm's correction for many p-values at once.
+"""Paired tests that compare two runs example by example: exact McNemar and Tango's score test
+for 0/1 scores, the paired t-test and a seeded paired bootstrap for continuous ones, each with
+the interval that inverts it; and Holm's correction for many p-values at once.
 
 Paired functions take ``(x, y)`` and describe the difference ``x - y`` (as R's
 ``t.test(x, y, paired=TRUE)`` does); ``alternative`` names the alternative
@@ -24,7 +24,11 @@ from pytest_modelbench.gating.stats.distributions import (
     t_cdf,
     t_sf,
 )
-from pytest_modelbench.gating.stats.estimates import mean_and_var, symmetric_interval
+from pytest_modelbench.gating.stats.estimates import (
+    clopper_pearson_interval,
+    mean_and_var,
+    symmetric_interval,
+)
 
 Alternative = Literal["two-sided", "less", "greater"]
 
@@ -72,6 +76,24 @@ def mcnemar_exact(
     else:
         p = 2.0 * (min(lower, upper) - half_point)
     return McNemarResult(b, c, min(1.0, p), alternative, mid_p)
+
+
+def mcnemar_exact_ci(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The interval for P(x=1) - P(y=1) that inverts the exact McNemar test.
+
+    Clopper–Pearson bounds for theta = b / (b + c), the share of discordant
+    pairs that favour x, mapped to ((b + c) / n) (2 theta - 1): conditional on
+    the discordant count, as the test is. So the one-sided test at
+    (1 - confidence) / 2 rejects exactly when the interval excludes 0.
+    """
+    if min(b, c) < 0 or b + c > n or n <= 0:
+        raise ValueError(f"bad paired counts b={b}, c={c}, n={n}")
+    discordant = b + c
+    if discordant == 0:
+        return 0.0, 0.0
+    low, high = clopper_pearson_interval(b, discordant, confidence)
+    scale = discordant / n
+    return scale * (2.0 * low - 1.0), scale * (2.0 * high - 1.0)
 
 
 @dataclass(frozen=True)
@@ -242,7 +264,10 @@ def paired_bootstrap_test(
 
     The p-value compares the centred bootstrap distribution ``d* - d`` with
     the observed ``d - null`` (Hall & Wilson's shift method), with the usual
-    +1 correction so it is never 0. The CI is the percentile interval.
+    +1 correction so it is never 0. The CI inverts that same test (the
+    "basic" bootstrap interval 2d - d*), so the one-sided test at
+    (1 - confidence) / 2 rejects a null exactly when the CI excludes it;
+    it is infinite when ``n_resamples`` is too small to ever reject.
     Deterministic for a given ``seed`` (``random.Random``).
     """
     d = _differences(x, y)
@@ -264,9 +289,8 @@ def paired_bootstrap_test(
         hits = sum(1 for m in means if abs(m - mean) >= abs(gap) - tol)
     p = min(1.0, (hits + 1) / (n_resamples + 1))
     _, boot_var = mean_and_var(means)
-    tail = 0.5 * (1.0 - confidence)
-    low = means[max(0, math.floor(tail * n_resamples))]
-    high = means[min(n_resamples - 1, math.ceil((1.0 - tail) * n_resamples) - 1)]
+    # rounded so that confidence = 1 - 2 alpha gives back alpha exactly (not alpha + 1 ulp)
+    low, high = _inverted_bootstrap_interval(means, mean, round(0.5 * (1.0 - confidence), 12))
     return PairedResult(
         "paired bootstrap",
         alternative,
@@ -282,41 +306,21 @@ def paired_bootstrap_test(
     )
 
 
-@dataclass(frozen=True)
-class ZTestResult:
-    """One-sided z-test that a score fell more than ``margin`` below a baseline.
+def _inverted_bootstrap_interval(
+    sorted_means: Sequence[float], mean: float, tail: float
+) -> tuple[float, float]:
+    """The nulls that the one-sided shift tests at level ``tail`` keep (each side).
 
-    ``delta`` = value - baseline; ``z`` = (delta + margin) / stderr; a small
-    ``p_value`` is evidence of a regression beyond the margin.
+    "less" keeps null d0 iff (#{m* - d <= d - d0} + 1) / (R + 1) >= tail, i.e.
+    iff at least ``hits`` resampled means lie at or below 2d - d0.
     """
-
-    delta: float
-    margin: float
-    stderr: float
-    z: float
-    p_value: float
-
-
-def noninferiority_z_test(
-    value: float,
-    stderr: float,
-    baseline: float,
-    margin: float = 0.0,
-    baseline_stderr: float = 0.0,
-) -> ZTestResult:
-    """Test H0: true value >= baseline - margin against H1: it is below (a regression).
-
-    The standard error combines the score's and the baseline's
-    (``baseline_stderr = 0`` treats the baseline as a fixed, exact number).
-    With a total standard error of 0 the p-value is 0 or 1.
-    """
-    if stderr < 0 or baseline_stderr < 0 or margin < 0:
-        raise ValueError("stderr, baseline_stderr and margin must be non-negative")
-    delta = value - baseline
-    se = math.sqrt(stderr * stderr + baseline_stderr * baseline_stderr)
-    gap = delta + margin
-    z = _standardize(gap, se)
-    return ZTestResult(delta, margin, se, z, normal_cdf(z))
+    r = len(sorted_means)
+    hits = max(0, int(tail * (r + 1)) - 2)
+    while (hits + 1) / (r + 1) < tail:  # the same float comparison the gate makes
+        hits += 1
+    if hits == 0:
+        return -math.inf, math.inf
+    return 2.0 * mean - sorted_means[r - hits], 2.0 * mean - sorted_means[hits - 1]
 
 
 def holm_adjust(p_values: Sequence[float]) -> list[float]:

@@ -1,0 +1,92 @@
+"""The verdict of a gate: what the store saves with an item and every report shows.
+
+Defined here, below the gate rules (``gating/gates.py``) that make it, so the item's one
+saved record (``store.result.EvalResult``) carries it typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+NO_BASELINE = "none"  # the rule of an item gated against nothing
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """The outcome of gating one item, with every number the report shows.
+
+    ``delta`` is current minus baseline (paired: the mean per-example
+    difference on the shared examples), so a regression is negative.
+    ``p_value`` is the one-sided p-value for "dropped by more than
+    ``margin``"; [``delta_ci_low``, ``delta_ci_high``] is the two-sided
+    ``delta_confidence`` (= 1 - 2 alpha) interval for ``delta`` from inverting
+    the same ``test``, so ``p_value < alpha`` exactly when ``delta_ci_high <
+    -margin``. ``undecidable`` says why a test could not decide (it passes).
+    ``p_adjusted`` is set by ``gating.gates.holm_adjust_verdicts`` and then decides
+    ``passed``. Paired verdicts carry this run's mean on the shared examples
+    (``paired_value``), count examples that got worse/better
+    (``n_worse``/``n_better``) and list a few ids of each.
+    """
+
+    passed: bool
+    rule: str
+    metric: str
+    value: float
+    alpha: float
+    margin: float = 0.0
+    p_value: float | None = None
+    delta: float | None = None
+    baseline_value: float | None = None
+    subject: str = ""
+    ci_low: float | None = None
+    ci_high: float | None = None
+    test: str = ""
+    baseline_path: str | None = None
+    reference_run: str | None = None
+    n_shared: int | None = None
+    paired_value: float | None = None
+    n_worse: int | None = None
+    n_better: int | None = None
+    worse_ids: tuple[str, ...] = ()
+    better_ids: tuple[str, ...] = ()
+    binary: bool = False
+    p_adjusted: float | None = None
+    correction: str | None = None
+    delta_ci_low: float | None = None
+    delta_ci_high: float | None = None
+    delta_confidence: float | None = None
+    undecidable: str = ""
+    message: str = ""
+
+    # 2: delta_ci_low/high, delta_confidence, undecidable; exact and score tests, not z
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+    @property
+    def status(self) -> str:
+        """``pass``, ``fail``, ``undecidable`` or ``no baseline`` (the report's verdict column)."""
+        if self.rule == NO_BASELINE:
+            return "no baseline" if self.passed else "fail"
+        if self.undecidable and self.passed:
+            return "undecidable"
+        return "pass" if self.passed else "fail"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (for ``user_properties``, JUnit and ``summary.json``)."""
+        data = dataclasses.asdict(self)
+        data["worse_ids"] = list(self.worse_ids)
+        data["better_ids"] = list(self.better_ids)
+        data["status"] = self.status
+        data["schema_version"] = self.SCHEMA_VERSION
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateVerdict:
+        """The verdict :meth:`as_dict` wrote (unknown keys, such as ``status``, are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["worse_ids"] = tuple(data.get("worse_ids") or ())
+        values["better_ids"] = tuple(data.get("better_ids") or ())
+        return cls(**values)
