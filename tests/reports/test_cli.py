@@ -79,11 +79,9 @@ def test_report_rebuilds_from_the_store_keeping_verdicts(
         passed=1, failed=1
     )
     (run_dir,) = project.run_dirs()
-    for name in (
-        "report.html",
-        "leaderboard.md",
-        "results.parquet",
-    ):  # leaderboard.json keeps verdicts
+    # every report goes: the verdicts are each item's saved record (result.json), never
+    # read back from an earlier report
+    for name in ("report.html", "leaderboard.md", "leaderboard.json", "results.parquet"):
         (run_dir / name).unlink()
     assert main(["report", run_dir.name, "--run-dir", str(run_dir.parent)]) == 0
     out = capsys.readouterr().out
