@@ -2,6 +2,7 @@
 
     modelbench report RUN                 rebuild report.html, leaderboard.*, results.parquet
     modelbench compare RUN_A RUN_B        paired per-variant deltas (B - A) with p-values, win rates
+    modelbench view RUN                   browse every example in a local read-only viewer
     modelbench export RUN --format csv    one normalised row per example (parquet or csv)
     modelbench runs                       run directories with their status
     modelbench models --api-base-url URL  the models an OpenAI-compatible endpoint serves
@@ -73,7 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_a", metavar="RUN_A")
     compare.add_argument("run_b", metavar="RUN_B")
     compare.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    compare.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write a page with the table and the examples whose score changed",
+    )
     _run_dir_arg(compare)
+
+    view = sub.add_parser("view", help="browse every example of a run (read-only, on 127.0.0.1)")
+    view.add_argument("run", metavar="RUN", help="run directory, run id, or 'latest'")
+    view.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        metavar="N",
+        help="port on 127.0.0.1 (default 8765; 0: any free port)",
+    )
+    _run_dir_arg(view)
 
     export = sub.add_parser("export", help="one normalised row per example as parquet or csv")
     export.add_argument("run", metavar="RUN")
@@ -151,10 +170,47 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not run.items:
             raise CliError(f"{run.directory}: the run has no items yet (nothing to compare)")
     comparison = compare_runs(run_a, run_b)
+    if args.html is not None:
+        # lazily: only --html needs the page builders
+        from pytest_modelbench.reporting.changes import compare_changes
+        from pytest_modelbench.reporting.compare import model_pairs
+        from pytest_modelbench.reporting.html import render_compare_page
+        from pytest_modelbench.store.files import atomic_write_text
+
+        changes = compare_changes(run_a, run_b, model_pairs(run_a, run_b)[0])
+        try:
+            atomic_write_text(args.html, render_compare_page(comparison, changes))
+        except OSError as exc:
+            raise CliError(f"--html {args.html}: cannot write: {exc.strerror or exc}") from None
+        print(f"wrote {args.html} ({len(changes)} changed examples)", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(comparison.as_dict(), indent=2))
     else:
         sys.stdout.write(render_text(comparison, markdown=args.format == "markdown"))
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    # lazily: each command loads only what it needs (CLI start-up)
+    from pytest_modelbench.reporting.view import make_server
+
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port: expected 0-65535, got {args.port}")
+    directory = _run(args.run, args.run_dir)
+    try:
+        server = make_server(directory, args.port, hint=args.run)
+    except OSError as exc:
+        raise CliError(
+            f"--port {args.port}: cannot listen on 127.0.0.1: {exc.strerror or exc} "
+            "(pick another with --port N, or --port 0 for any free one)"
+        ) from None
+    port = server.server_address[1]
+    print(f"modelbench view: {directory} at http://127.0.0.1:{port}/ (read-only; Ctrl-C stops)")
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
     return 0
 
 
@@ -305,6 +361,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 COMMANDS = {
     "report": cmd_report,
     "compare": cmd_compare,
+    "view": cmd_view,
     "export": cmd_export,
     "runs": cmd_runs,
     "models": cmd_models,

@@ -137,7 +137,8 @@ def paired_delta(
     )
 
 
-def _pairs(run_a: RunData, run_b: RunData) -> tuple[list[tuple[str, str]], str]:
+def model_pairs(run_a: RunData, run_b: RunData) -> tuple[list[tuple[str, str]], str]:
+    """The (model in A, model in B) pairs compared, and a note when they are not by name."""
     shared = [m for m in run_a.models if m in run_b.models]
     if shared:
         return [(m, m) for m in shared], ""
@@ -152,7 +153,7 @@ def _pairs(run_a: RunData, run_b: RunData) -> tuple[list[tuple[str, str]], str]:
 
 
 def compare_runs(run_a: RunData, run_b: RunData) -> Comparison:
-    pairs, note = _pairs(run_a, run_b)
+    pairs, note = model_pairs(run_a, run_b)
     deltas = []
     for model_a, model_b in pairs:
         for variant in run_a.variants:

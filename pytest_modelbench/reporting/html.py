@@ -2,7 +2,11 @@
 
 The fragments (:func:`summary_fragment`, :func:`item_fragment`) are shared
 with the pytest-html integration, so both reports show the same charts,
-leaderboard, gate paragraphs and failing examples.
+leaderboard, gate paragraphs and failing examples. The page also carries every
+example (:mod:`.examples`) and, for a run gated against a reference run, the
+examples that changed (:mod:`.changes`); :func:`render_compare_page` is
+``modelbench compare --html``. A Content-Security-Policy forbids every network
+request, so the pages work offline and cannot leak what they show.
 """
 
 from __future__ import annotations
@@ -10,8 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
+from urllib.parse import urlencode
 
 from pytest_modelbench.reporting import charts
+from pytest_modelbench.reporting.changes import CHANGES_CSS, ExampleChange, changes_html
+from pytest_modelbench.reporting.changes import reference_changes as find_reference_changes
+from pytest_modelbench.reporting.compare import Comparison, comparison_rows
+from pytest_modelbench.reporting.examples import examples_section
 from pytest_modelbench.reporting.leaderboard import Cell, cells, ranked_models
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.reporting.rows import Example, failing_examples
@@ -19,6 +28,11 @@ from pytest_modelbench.store.files import atomic_write_text
 
 REPORT_NAME = "report.html"
 MAX_TEXT = 2000
+# no network: scripts and styles inline, images as data: URIs; the viewer may call its own API
+OFFLINE_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+)
+VIEWER_CSP = OFFLINE_CSP + "; connect-src 'self'"
 
 CSS = """
 .mb-report{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f}
@@ -307,14 +321,54 @@ def _item_row(item: ItemRecord) -> str:
     )
 
 
+def _head(title: str, csp: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>{escape(title)}</title><link rel="icon" href="data:,"><style>{CSS}'
+        f"{CHANGES_CSS}body{{margin:24px;max-width:1400px}}</style></head>"
+    )
+
+
+def reference_section(run: RunData) -> str:
+    """ "What changed since the reference run", for a run gated with ``--baseline-run``."""
+    reference, changes, notes = find_reference_changes(run)
+    if reference is None:
+        return ""
+    note_html = "".join(f'<p class="mb-meta">{escape(n)}</p>' for n in notes)
+    return (
+        f'<section id="mb-changes"><h2>What changed since run {escape(reference)}</h2>'
+        '<p class="mb-meta">Examples of the paired items whose score differs from the reference '
+        "run, worse first; the reference's completion on the left.</p>"
+        f"{note_html}{changes_html(changes, f'reference {reference}', run.run_id)}</section>"
+    )
+
+
+def _browse_links(item: ItemRecord) -> str:
+    """Links into the Examples section, filtered to this item."""
+    query = urlencode({"item": item.item_id})
+    return (
+        f'<p class="mb-meta mb-browse">Browse this item\'s <a href="#examples?{escape(query)}">'
+        f'examples</a> · <a href="#examples?{escape(query)}&amp;outcome=wrong">wrong ones</a>'
+        f' · <a href="#examples?{escape(query)}&amp;outcome=error">errors</a></p>'
+    )
+
+
 def render_report(
     run: RunData,
     *,
     examples: int = 5,
     title: str | None = None,
     picked: Mapping[str, list[Example]] | None = None,
+    examples_source: str = "embedded",
+    run_hint: str = "",
 ) -> str:
-    """The whole ``report.html`` page; ``picked``: failing examples already read, by item."""
+    """The whole ``report.html`` page; ``picked``: failing examples already read, by item.
+
+    ``examples_source``: ``embedded`` (every example in the page) or ``api`` (the page
+    served by ``modelbench view``, which asks its server).
+    """
     title = title or f"modelbench report: {run.run_id}"
     counts: dict[str, int] = {}
     for item in run.items:
@@ -334,14 +388,12 @@ def render_report(
             f'<details id="{escape(f"item-{item.item_id}")}"{is_open}><summary><b>'
             f'{escape(item.item_id)}</b> — <span class="{verdict_class(item.verdict)}">'
             f"{escape(item.verdict or item.status or '-')}</span></summary>"
-            f"{item_fragment(run, item, examples, (picked or {}).get(item.item_id))}</details>"
+            f"{item_fragment(run, item, examples, (picked or {}).get(item.item_id))}"
+            f"{_browse_links(item)}</details>"
         )
+    csp = VIEWER_CSP if examples_source == "api" else OFFLINE_CSP
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<title>{escape(title)}</title><link rel="icon" href="data:,"><style>{CSS}'
-        "body{margin:24px;max-width:1400px}</style></head>"
-        f'<body class="mb-report"><h1>{escape(title)}</h1>'
+        _head(title, csp) + f'<body class="mb-report"><h1>{escape(title)}</h1>'
         f'<p class="mb-meta">run <code>{escape(run.run_id)}</code> · '
         f"status {escape(run.status())} · "
         f"{len(run.items)} items: {escape(count_text)} · generated {escape(run.generated_at)}</p>"
@@ -351,8 +403,11 @@ def render_report(
         + head
         + "</tr></thead><tbody>"
         + "".join(_item_row(i) for i in run.items)
-        + "</tbody></table><h2>Details</h2>"
+        + "</tbody></table>"
+        + reference_section(run)
+        + "<h2>Details</h2>"
         + "".join(details)
+        + examples_section(run, source=examples_source, run_hint=run_hint)
         + f"<script>{SORT_JS}</script></body></html>\n"
     )
 
@@ -367,3 +422,45 @@ def write_report(
     path = path or run.directory / REPORT_NAME
     atomic_write_text(path, render_report(run, examples=examples, picked=picked))
     return path
+
+
+def render_compare_page(comparison: Comparison, changes: list[ExampleChange]) -> str:
+    """``modelbench compare A B --html FILE``: the paired table, then the changed examples."""
+    title = f"modelbench compare: {comparison.run_a} → {comparison.run_b}"
+    rows = comparison_rows(comparison)
+    numeric = {"n", "A", "B", "delta (B-A)", "p", "B>A", "A>B"}
+    head = "".join(
+        f'<th class="num" data-type="num">{escape(h)}</th>'
+        if h in numeric
+        else f'<th data-type="text">{escape(h)}</th>'
+        for h in rows[0]
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{escape(v)}</td>' if h in numeric else f"<td>{escape(v)}</td>"
+            for h, v in zip(rows[0], row, strict=True)
+        )
+        + "</tr>"
+        for row in rows[1:]
+    )
+    rates = "".join(
+        f'<tr><td>{escape(m)}</td><td class="num">{_num(r)}</td></tr>'
+        for m, r in comparison.win_rates
+    )
+    note = f'<p class="mb-meta">{escape(comparison.note)}</p>' if comparison.note else ""
+    return (
+        _head(title, OFFLINE_CSP) + f'<body class="mb-report"><h1>{escape(title)}</h1>'
+        f'<p class="mb-meta">A = <code>{escape(comparison.run_a)}</code>, B = '
+        f"<code>{escape(comparison.run_b)}</code>. Per variant and model: the paired difference "
+        "B − A on the examples both runs scored, its 95% CI and two-sided p-value.</p>"
+        f"{note}<h2>Paired comparison</h2>"
+        f'<table class="mb-table mb-sortable mb-paired"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+        '<h2>Win rates</h2><table class="mb-table mb-sortable mb-winrates"><thead><tr>'
+        '<th>model</th><th class="num" data-type="num">win rate</th></tr></thead>'
+        f"<tbody>{rates}</tbody></table>"
+        f'<section id="mb-changes"><h2>Examples that changed</h2>'
+        f"{changes_html(changes, f'A {comparison.run_a}', f'B {comparison.run_b}')}</section>"
+        f"<script>{SORT_JS}</script></body></html>\n"
+    )

@@ -10,6 +10,7 @@ settles the item. A test function receives it from the ``mb_eval`` fixture.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,11 @@ class EvalResult:
         return {"schema_version": self.SCHEMA_VERSION, **data}
 
     def save(self) -> None:
-        """Write ``result.json`` (atomically) in the item's directory."""
-        atomic_write_json(self.directory / RESULT, self.to_json())
+        """Write ``result.json`` (atomically) in the item's directory; a record that is
+        already there as it is (a re-report from the store) is not written again."""
+        data = json.loads(json.dumps(self.to_json(), default=str))
+        if read_json(self.directory / RESULT) != data:
+            atomic_write_json(self.directory / RESULT, data)
 
     @classmethod
     def load(cls, directory: Path) -> EvalResult | None:

@@ -33,6 +33,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
         (["report", "nope"], "report: error: nope: not a run directory"),
         (["compare", "a", "b", "--run-dir", "elsewhere"], "compare: error: a: not a run directory"),
         (["export", "nope", "--format", "csv"], "export: error: nope: not a run directory"),
+        (["view", "nope"], "view: error: nope: not a run directory"),
         (["runs", "--run-dir", "missing"], "runs: error: --run-dir missing: no such directory"),
         (["models", "--api-base-url", "localhost:8000"], "expected http(s)://host:port/v1"),
         (

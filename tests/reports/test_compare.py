@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_modelbench.cli import main
-from pytest_modelbench.reporting.compare import compare_runs
+from pytest_modelbench.reporting.changes import compare_changes
+from pytest_modelbench.reporting.compare import compare_runs, model_pairs
 from pytest_modelbench.reporting.leaderboard import win_rates
 from pytest_modelbench.reporting.model import load_run
 from tests.reports.conftest import craft_run
@@ -124,3 +125,28 @@ def test_compare_different_single_models(tmp_path: Path) -> None:
     assert (delta.model_a, delta.model_b, delta.delta, delta.b_better) == ("old", "new", 0.5, 2)
     assert delta.p_value == pytest.approx(0.5)  # 2 * P(X <= 0 | n = 2)
     assert "comparing old (A) with new (B)" in comparison.note
+
+
+def test_changed_examples_agree_with_the_paired_counts(runs: Path) -> None:
+    run_a, run_b = load_run(runs / "run-a"), load_run(runs / "run-b")
+    comparison = compare_runs(run_a, run_b)
+    changes = compare_changes(run_a, run_b, model_pairs(run_a, run_b)[0])
+    for d in comparison.deltas:
+        mine = [c for c in changes if (c.model_a, c.variant) == (d.model_a, d.variant)]
+        assert sum(c.delta < 0 for c in mine) == d.a_better
+        assert sum(c.delta > 0 for c in mine) == d.b_better
+    assert [c.delta for c in changes] == sorted(c.delta for c in changes)  # worse first
+    first = changes[0]
+    assert (first.model_a, first.variant, first.example_id, first.delta) == ("m1", "qa", "ex0", -1)
+    assert first.a["c"] == "a0" and first.b["c"] == "a0"  # each side's own row
+    rollouts = next(c for c in changes if c.model_a == "m2" and c.variant == "cont")
+    assert (rollouts.score_a, rollouts.score_b) == (0.5, 1.0)  # mean over the two rollouts
+
+
+def test_compare_html_unwritable_is_one_line(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = runs / "run-a" / "run_manifest.json" / "cmp.html"  # below a file
+    args = ["compare", "run-a", "run-b", "--run-dir", str(runs), "--html", str(target)]
+    assert main(args) == 2
+    assert f"compare: error: --html {target}: cannot write" in capsys.readouterr().err

@@ -69,6 +69,9 @@ def test_run_directory_report_in_browser(
     assert page.dom.count('class="mb-baseline"') == 2  # alpha on qa and math
     assert "alpha-qa-seed0" in page.dom and "regression of" in page.dom  # the gate paragraph
     assert "First 5 wrong or errored example(s)" in page.dom
+    # every example of the session is embedded (tests/reports/test_examples.py browses them)
+    assert 'id="mb-examples-data"' in page.dom and 'data-count="400"' in page.dom
+    assert "Browse this item's" in page.dom
     shot = page.screenshot.read_bytes()
     assert shot.startswith(PNG_MAGIC) and len(shot) > 20_000
 
