@@ -45,7 +45,11 @@ class ResumePlugin:
             shown.get(PROPERTY_PREFIX + "item"),
             shown.get(PROPERTY_PREFIX + "duration_s"),
         )
-        if not isinstance(item_id, str) or type(seconds) not in (int, float):
+        if (
+            not isinstance(item_id, str)
+            or not isinstance(seconds, (int, float))
+            or isinstance(seconds, bool)
+        ):
             return
         if self._durations is None:
             self._durations = read_durations(self.config)
