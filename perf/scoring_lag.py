@@ -180,9 +180,7 @@ async def measure_item(
         journal = Journal(Path(tmp) / "results.jsonl")
         journal.open()
         try:
-            async with OpenAIClient(
-                [base_url], max_connections=slots, retry=RetryPolicy(), timeout_s=120.0
-            ) as client:
+            async with OpenAIClient([base_url], retry=RetryPolicy(), timeout_s=120.0) as client:
                 watcher = asyncio.create_task(monitor())
                 await asyncio.sleep(0)  # the monitor is sleeping before the item starts
                 started = time.perf_counter()

@@ -33,6 +33,7 @@ from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
 from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.running.endpoint import relay_timeout_s
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
@@ -150,7 +151,9 @@ class LmEvalBackend:
         return 500
 
     # -- run -----------------------------------------------------------------------------
-    def _model(self, ctx: ItemContext, args: Mapping[str, Any]) -> tuple[Any, str]:
+    def _model(self, ctx: ItemContext, args: Mapping[str, Any], base_url: str) -> tuple[Any, str]:
+        """lm-eval's API model at ``base_url``, the worker's router: it spreads the requests over
+        the model's URL set and retries them, and adds the API key (lm-eval never has it)."""
         import lm_eval.api.registry
 
         item, endpoint = ctx.item, ctx.endpoint
@@ -158,10 +161,10 @@ class LmEvalBackend:
         path = "/chat/completions" if api == "chat" else "/completions"
         model_args: dict[str, Any] = {
             "model": endpoint.served_model,
-            "base_url": endpoint.base_urls[0] + path,
+            "base_url": base_url + path,
             "num_concurrent": item.model.max_concurrent,
-            "max_retries": item.model.max_retries,
-            "timeout": math.ceil(item.model.timeout),
+            "max_retries": 1,  # one attempt: the router retries (max_retries, Retry-After)
+            "timeout": math.ceil(relay_timeout_s(item.model.timeout, item.model.max_retries)),
             "seed": item.seed,
             "tokenized_requests": False,
             "tokenizer_backend": args.get("tokenizer_backend", "none"),
@@ -170,20 +173,23 @@ class LmEvalBackend:
             if key in args:
                 model_args[key] = args[key]
         model_args.update(args.get("model_args", {}))
-        if endpoint.api_key:  # sent as a header, never logged (we build the model ourselves)
-            model_args["header"] = {"Authorization": f"Bearer {endpoint.api_key}"}
         kind = "local-chat-completions" if api == "chat" else "local-completions"
         lm = lm_eval.api.registry.get_model(kind).create_from_arg_obj(model_args, {"batch_size": 1})
         return lm, api
 
     def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+        refuse_solutions(ctx.item)
+        model = ctx.item.model
+        with ctx.endpoint.single_url(timeout_s=model.timeout, max_retries=model.max_retries) as url:
+            return self._evaluate(ctx, url)
+
+    def _evaluate(self, ctx: ItemContext, base_url: str) -> dict[str, Any]:
         item = ctx.item
-        refuse_solutions(item)
         args = _check_args(item)
         spec = self.spec(item)
         import lm_eval
 
-        lm, api = self._model(ctx, args)
+        lm, api = self._model(ctx, args, base_url)
         if api == "chat" and args.get("apply_chat_template") is False:
             raise ModelbenchUsageError(
                 f"{Path(item.variant.source).name}: variant {item.variant.id!r}: "

@@ -68,7 +68,6 @@ class SuiteBackend:
         import asyncio
 
         # lazily: the HTTP client loads only when an item runs (pytest start-up)
-        from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
         from pytest_modelbench.running.prefetch import prefetch
         from pytest_modelbench.running.runner import (
             EndpointGone,
@@ -99,15 +98,8 @@ class SuiteBackend:
                 seed=item.seed,
                 max_concurrent=item.model.max_concurrent,
             )
-            async with OpenAIClient(
-                ctx.endpoint.base_urls,
-                api_key=ctx.endpoint.api_key,
-                timeout_s=item.model.timeout,
-                max_connections=item.model.max_concurrent,
-                retry=RetryPolicy(
-                    max_retries=item.model.max_retries, backoff_s=ctx.endpoint.backoff_s
-                ),
-                died=ctx.endpoint.died,
+            async with ctx.endpoint.client(
+                timeout_s=item.model.timeout, max_retries=item.model.max_retries
             ) as client:
                 await ctx.endpoint.ensure_ready(client)
                 return await run_loop(

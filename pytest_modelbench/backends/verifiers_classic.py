@@ -38,7 +38,7 @@ from pytest_modelbench.backends.verifiers_common import (
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
+from pytest_modelbench.running.endpoint import relay_timeout_s
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
@@ -298,23 +298,26 @@ class ClassicEnvironment:
     async def _generate(
         self, ctx: ItemContext, env: Any, todo: list[dict[str, Any]], journal: Any
     ) -> None:
+        """Generate through the worker's router: the model's whole URL set, our retries and
+        breaker, the API key added there (the environment's client never holds it)."""
+        model = ctx.item.model
+        async with ctx.endpoint.asingle_url(
+            timeout_s=model.timeout, max_retries=model.max_retries
+        ) as base_url:
+            await self._generate_at(base_url, ctx, env, todo, journal)
+
+    async def _generate_at(
+        self, base_url: str, ctx: ItemContext, env: Any, todo: list[dict[str, Any]], journal: Any
+    ) -> None:
         vf = _vf()
         from openai import AsyncOpenAI
 
         item, endpoint = ctx.item, ctx.endpoint
-        async with OpenAIClient(
-            endpoint.base_urls,
-            api_key=endpoint.api_key,
-            timeout_s=item.model.timeout,
-            max_connections=item.model.max_concurrent,
-            retry=RetryPolicy(max_retries=item.model.max_retries, backoff_s=endpoint.backoff_s),
-        ) as preflight:
-            await endpoint.ensure_ready(preflight)
         openai_client = AsyncOpenAI(
-            base_url=endpoint.base_urls[0],
-            api_key=endpoint.api_key or "EMPTY",
-            timeout=item.model.timeout,
-            max_retries=item.model.max_retries,
+            base_url=base_url,
+            api_key="modelbench-router",  # the router sends the endpoint's own key
+            timeout=relay_timeout_s(item.model.timeout, item.model.max_retries),
+            max_retries=0,  # the router retries
         )
         client_class = (
             vf.OpenAIChatCompletionsClient if endpoint.api == "chat" else vf.OpenAICompletionsClient

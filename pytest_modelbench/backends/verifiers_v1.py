@@ -42,7 +42,6 @@ from pytest_modelbench.backends.verifiers_common import (
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
@@ -365,18 +364,21 @@ class V1Taskset:
     async def _run(
         self, ctx: ItemContext, todo: Sequence[tuple[Any, str, int]], journal: Any
     ) -> None:
+        """Roll out through the worker's router: the model's whole URL set, our retries and
+        breaker, streamed answers passed through, the API key added there."""
+        model = ctx.item.model
+        async with ctx.endpoint.asingle_url(
+            timeout_s=model.timeout, max_retries=model.max_retries
+        ) as base_url:
+            await self._run_at(base_url, ctx, todo, journal)
+
+    async def _run_at(
+        self, base_url: str, ctx: ItemContext, todo: Sequence[tuple[Any, str, int]], journal: Any
+    ) -> None:
         vf, item, endpoint = _vf(), ctx.item, ctx.endpoint
-        async with OpenAIClient(
-            endpoint.base_urls,
-            api_key=endpoint.api_key,
-            timeout_s=item.model.timeout,
-            max_connections=item.model.max_concurrent,
-            retry=RetryPolicy(max_retries=item.model.max_retries, backoff_s=endpoint.backoff_s),
-        ) as preflight:
-            await endpoint.ensure_ready(preflight)
         model = vf.ModelContext(
             model=endpoint.served_model,
-            client=vf.EvalClientConfig(base_url=endpoint.base_urls[0], api_key_var=KEY_VAR),
+            client=vf.EvalClientConfig(base_url=base_url, api_key_var=KEY_VAR),
             sampling=vf.SamplingConfig(**dict(item.sampling_args())),
         )
         env = self.environment(item)
@@ -405,7 +407,7 @@ class V1Taskset:
         try:
             with (
                 quiet_logger("verifiers"),
-                key_for_harness(endpoint.api_key, item.model.api_key_var),
+                key_for_harness(None, item.model.api_key_var),  # the router adds the key
             ):
                 async with env.serving():
                     await asyncio.gather(*(one(t, ex, r) for t, ex, r in todo))

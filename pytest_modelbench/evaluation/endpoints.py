@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
-from pytest_modelbench.running.client import OpenAIClient
-from pytest_modelbench.running.endpoint import Endpoint
+from pytest_modelbench.running.endpoint import Endpoint, close_router
+from pytest_modelbench.running.urls import UrlSet
 from pytest_modelbench.secrets import remember
 
 if TYPE_CHECKING:
@@ -61,8 +61,20 @@ class EndpointManager:
         self._identities: dict[
             tuple[tuple[str, ...], str], dict[str, Any] | IdentityUnknown | _NotServed
         ] = {}
+        self._urls: dict[tuple[tuple[str, ...], str], UrlSet] = {}  # live URL sets
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
+
+    def urls(self, base_urls: tuple[str, ...], served_model: str) -> UrlSet:
+        """The live URL set of a model at ``base_urls``, shared by every item of this worker
+        that sends to it: a replica that starts serving the model joins it with
+        ``UrlSet.add(url)`` (and leaves with ``remove``), and the requests of the item running
+        at that moment spread to it, whichever backend sends them."""
+        key = (base_urls, served_model)
+        found = self._urls.get(key)
+        if found is None:
+            found = self._urls[key] = UrlSet(base_urls)
+        return found
 
     def endpoint_for(self, item: PlannedItem) -> Endpoint:
         spec = item.model
@@ -74,14 +86,17 @@ class EndpointManager:
                 if isinstance(spec.api_base_url, str)
                 else tuple(spec.api_base_url)
             )
+            base_urls = tuple(u.rstrip("/") for u in urls)
+            served = spec.model or item.model_name
             return Endpoint(
-                base_urls=tuple(u.rstrip("/") for u in urls),
-                served_model=spec.model or item.model_name,
+                base_urls=base_urls,
+                served_model=served,
                 api=spec.api,
                 api_key=_api_key(spec.api_key_var, item.model_name),
                 backoff_s=spec.retry_backoff,
                 preflight_timeout_s=self.preflight_timeout_s,
                 checked=self._checked,
+                urls=self.urls(base_urls, served),
             )
         if self.serving is None:
             raise EvaluationError(
@@ -97,6 +112,7 @@ class EndpointManager:
             preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
             checked=self._checked,
             died=self.serving.death_report,
+            urls=self.urls((base_url,), served),
         )
 
     def identity(self, item: PlannedItem) -> dict[str, Any] | IdentityUnknown | None:
@@ -125,6 +141,7 @@ class EndpointManager:
         return self.serving is not None and bool(self.serving.recover(item))
 
     def close(self) -> None:
+        close_router()
         if self.serving is not None:
             self.serving.close()
 
@@ -133,7 +150,7 @@ _CARD_FIELDS = ("id", "root", "parent", "max_model_len")  # not "created": vLLM 
 
 
 async def _describe(endpoint: Endpoint) -> dict[str, Any] | IdentityUnknown | _NotServed:
-    async with OpenAIClient(endpoint.base_urls, api_key=endpoint.api_key) as client:
+    async with endpoint.client(timeout_s=endpoint.preflight_timeout_s, max_retries=0) as client:
         try:  # the pre-flight, once per worker: items that send requests fail at once after it
             await endpoint.ensure_ready(client)
         except EvaluationError as exc:
@@ -142,13 +159,15 @@ async def _describe(endpoint: Endpoint) -> dict[str, Any] | IdentityUnknown | _N
                 return _NotServed(str(exc))
             return IdentityUnknown(endpoint.base_urls, str(exc))
         cards = client.model_cards
-    seen = [
-        {k: cards.get(base, {}).get(k) for k in _CARD_FIELDS if k in cards.get(base, {})}
-        for base in endpoint.base_urls
-    ]
+    seen = {  # a URL down at the pre-flight has no card: the others answer for the model
+        str(i): {k: cards[base].get(k) for k in _CARD_FIELDS if k in cards[base]}
+        for i, base in enumerate(endpoint.base_urls)
+        if base in cards
+    }
     identity: dict[str, Any] = {"urls": list(endpoint.base_urls)}
-    if all(card == seen[0] for card in seen):
-        identity["model"] = seen[0]  # field by field, so a change names the field
+    first = next(iter(seen.values()), {})
+    if all(card == first for card in seen.values()):
+        identity["model"] = first  # field by field, so a change names the field
     else:
-        identity["models"] = {str(i): card for i, card in enumerate(seen)}
+        identity["models"] = seen
     return identity

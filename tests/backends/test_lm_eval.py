@@ -95,7 +95,9 @@ def lookup() -> dict[str, tuple[str, str]]:
     }
 
 
-def configure(project: Project, url: str, *, api: str = "completions", **model: Any) -> None:
+def configure(
+    project: Project, url: str | list[str], *, api: str = "completions", **model: Any
+) -> None:
     project.models(
         {
             "lm": {
@@ -180,8 +182,8 @@ def test_interrupted_item_resends_only_unfinished_requests(project: Project, sim
     write_task(project)
     broken = sim(accuracy=1.0, lookup=lookup(), faults={"error_5xx": 0.3}, seed=1)
     configure(
-        project, broken.base_url, max_retries=1, max_concurrent=1
-    )  # one at a time: repeatable
+        project, broken.base_url, max_retries=0, max_concurrent=1
+    )  # one at a time, one attempt each: repeatable
     first = project.pytester.runpytest("benchmarks/", "--model", "lm")
     first.assert_outcomes(errors=1)
     first.stdout.fnmatch_lines(["*lm-eval failed*are cached in*not sent again when you re-run*"])
@@ -223,6 +225,31 @@ def test_chat_endpoint_and_unknown_metric(project: Project, sim: Any) -> None:
             "exact_match,flexible-extract*"
         ]
     )
+
+
+def _completions(server: Any) -> int:
+    return sum(1 for r in server.requests if r.path.endswith("completions"))
+
+
+def test_an_endpoint_list_is_spread_over_and_a_url_down_is_served_around(
+    project: Project, sim: Any
+) -> None:
+    """lm-eval takes one base URL: it gets the worker's router, which spreads the requests
+    over the whole list (before, every request went to the first URL)."""
+    write_task(project)
+    one, two = (sim(accuracy=1.0, lookup=lookup(), latency=0.02) for _ in range(2))
+    configure(project, [one.base_url, two.base_url])
+    result = project.pytester.runpytest("benchmarks/", "--model", "lm")
+    result.assert_outcomes(passed=1)
+    assert _completions(one) + _completions(two) == N
+    assert _completions(one) >= N // 4 and _completions(two) >= N // 4
+
+    two.stop()  # the first URL of the list is down now: the other serves every request
+    configure(project, [two.base_url, one.base_url], max_retries=0)
+    before = _completions(one)
+    again = project.pytester.runpytest("benchmarks/", "--model", "lm", "--force")
+    again.assert_outcomes(passed=1)
+    assert _completions(one) - before == N
 
 
 def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -187,6 +187,28 @@ def test_failed_examples_resume_and_reach_the_journal(
     assert summary["resumed_examples"] == 10 - len(failed)
 
 
+def test_an_endpoint_list_is_spread_over_and_a_url_down_is_served_around(
+    project: Project, sim: Any, env_module: str
+) -> None:
+    """The environment's client takes one base URL: it gets the worker's router, which
+    spreads the requests over the whole list and goes around a URL that is down."""
+    one, two = (sim(accuracy=1.0, lookup=_lookup(12), latency=0.02) for _ in range(2))
+    env_id = env_module.replace("_", "-")
+    project.env("toy", [{"id": "toy", "module": f"verifiers:{env_id}", "env_args": {"n": 12}}])
+    urls = [one.base_url, two.base_url]
+    project.models({"vf": {"model": "sim-model", "api_base_url": urls, "max_concurrent": 4}})
+    project.pytester.runpytest("benchmarks/", "--model", "vf").assert_outcomes(passed=1)
+    sent = [sum(r.path.endswith("completions") for r in s.requests) for s in (one, two)]
+    assert sum(sent) == 12 and min(sent) >= 3
+
+    two.stop()  # the first URL of the list is down now: the other serves every request
+    project.models({"vf": {"model": "sim-model", "api_base_url": urls[::-1], "max_retries": 0}})
+    one.clear_log()
+    again = project.pytester.runpytest("benchmarks/", "--model", "vf", "--force")
+    again.assert_outcomes(passed=1)
+    assert sum(r.path.endswith("completions") for r in one.requests) == 12
+
+
 def test_unloadable_environment_is_a_clear_item_error(project: Project, sim: Any) -> None:
     server = sim(accuracy=1.0, lookup={})
     project.models({"vf": {"model": "sim-model", "api_base_url": server.base_url}})

@@ -153,6 +153,28 @@ def test_taskset_matches_vf_eval_on_the_same_server(
     assert len(requests) == 16  # 8 by modelbench, 8 by vf-eval
 
 
+def test_an_endpoint_list_is_spread_over_and_a_url_down_is_served_around(
+    project: Project, sim: Any, taskset: str
+) -> None:
+    """The harnesses take one base URL: they get the worker's router, which spreads the
+    (streamed) requests over the whole list and goes around a URL that is down."""
+    one = setup_project(project, sim, taskset)
+    two = sim(accuracy=1.0, lookup={q: answer_for(q) for q in QUESTIONS})
+    urls = [one.base_url, two.base_url]
+    project.models({"vf": {"model": "sim-model", "api_base_url": urls, "max_concurrent": 4}})
+    project.pytester.runpytest("benchmarks/", "--model", "vf").assert_outcomes(passed=1)
+    sent = [sum(r.path.endswith("chat/completions") for r in s.requests) for s in (one, two)]
+    assert sum(sent) == 8 and min(sent) >= 2
+    assert all(row["score"] is not None and not row["error"] for row in journal(project))
+
+    two.stop()  # the first URL of the list is down now: the other serves every rollout
+    project.models({"vf": {"model": "sim-model", "api_base_url": urls[::-1], "max_retries": 0}})
+    one.clear_log()
+    again = project.pytester.runpytest("benchmarks/", "--model", "vf", "--force")
+    again.assert_outcomes(passed=1)
+    assert sum(r.path.endswith("chat/completions") for r in one.requests) == 8
+
+
 def test_resume_by_task_and_num_examples(project: Project, sim: Any, taskset: str) -> None:
     server = setup_project(project, sim, taskset, rollouts_per_example=2)
     first = project.pytester.runpytest("benchmarks/", "--model", "vf", "--num-examples", "3")

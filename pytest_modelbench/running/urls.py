@@ -1,0 +1,48 @@
+"""The base URLs that serve one model: a set that grows and shrinks while items run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+__all__ = ["UrlSet"]
+
+
+class UrlSet:
+    """The base URLs that serve one model, shared by every pool and router mount sending to
+    it (thread-safe): a replica joins with :meth:`add` and leaves with :meth:`remove` while
+    items run; routing reads the set at every request."""
+
+    def __init__(self, urls: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._urls: tuple[str, ...] = ()
+        for url in urls:
+            self.add(url)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self._urls
+
+    def add(self, url: str) -> str:
+        """Add a base URL (a no-op when present); returns it as routing spells it."""
+        url = url.rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"api_base_url must be an http:// or https:// URL, got {url!r}")
+        with self._lock:
+            if url not in self._urls:
+                self._urls = (*self._urls, url)
+        return url
+
+    def remove(self, url: str) -> bool:
+        """Stop routing to ``url`` (requests in flight there finish); False when absent."""
+        url = url.rstrip("/")
+        with self._lock:
+            if url not in self._urls:
+                return False
+            self._urls = tuple(u for u in self._urls if u != url)
+        return True
+
+    def __repr__(self) -> str:
+        return f"UrlSet({list(self._urls)!r})"
