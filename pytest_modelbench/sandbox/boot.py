@@ -1,4 +1,5 @@
-"""Entry script of the sandbox launcher: ``python -I -B boot.py CONFIG_JSON``.
+"""Entry script of the sandbox launcher: ``python -I -B boot.py CONFIG_FD`` (a pipe's read end
+holding the configuration as JSON).
 
 Kept tiny because a script is compiled on every run, while imported modules
 come from cached bytecode. It makes ``pytest_modelbench.sandbox.*`` importable

@@ -1,11 +1,16 @@
-"""Host side of the sandbox: spawn the launcher, enforce wall-clock time, classify the outcome.
+"""Host side of the sandbox: choose the isolation level, spawn the launcher, enforce
+wall-clock time, classify the outcome.
 
-Each execution gets a throw-away directory, a scrubbed environment (no API
-keys: only PATH, HOME, TMPDIR and locale), output captured to files (bounded
-by the file-size limit, so a chatty program cannot exhaust host memory), its
-own pids cgroup where the host allows, and a wall-clock timeout after which
-the whole process group, cgroup and PID namespace are killed. A semaphore
-bounds how many executions run at once.
+The level is the strongest this host provides, found once per :class:`Sandbox` by running a
+trivial program: ``bwrap`` (bubblewrap), else ``namespaces`` (our own), else ``audit-hook``
+(rlimits and the Python audit hook only: not a security boundary). Both full levels give the
+program the same minimal root (:mod:`pytest_modelbench.sandbox.layout`) and fail a run
+rather than run it with less. Each execution gets a throw-away directory, a scrubbed
+environment (no API keys: only PATH, HOME, TMPDIR and locale), output captured to files
+(bounded by the file-size limit, so a chatty program cannot exhaust host memory), its own
+pids cgroup where the host allows, and a wall-clock timeout after which the whole process
+group, cgroup and PID namespace are killed. A semaphore bounds how many executions run at
+once.
 
 :meth:`Sandbox.run` judges a program by its exit code, which the program
 controls. :meth:`Sandbox.run_tests` is for scoring untrusted code: the tests go
@@ -19,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -28,19 +32,37 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from pytest_modelbench.sandbox import bwrap
 from pytest_modelbench.sandbox.cgroups import PidsCgroup
-from pytest_modelbench.sandbox.launcher import SETUP_FAILED
+from pytest_modelbench.sandbox.judge import guard_asserts
+from pytest_modelbench.sandbox.layout import LayoutError, RootLayout, launcher_code, root_layout
+from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SETUP_FAILED
+from pytest_modelbench.sandbox.processes import (
+    TOKEN_VAR,
+    kill_group,
+    receive_all,
+    sweep,
+    tail,
+    wait_unreaped,
+)
 
 Status = Literal["passed", "failed", "timeout", "crashed"]
-LAUNCHER = Path(__file__).with_name("boot.py")
+Level = Literal["bwrap", "namespaces", "audit-hook"]
+LEVELS: tuple[Level, ...] = ("bwrap", "namespaces", "audit-hook")
+FULL_LEVELS: tuple[Level, ...] = ("bwrap", "namespaces")
+LAUNCHER = Path("pytest_modelbench", "sandbox", "boot.py")  # in launcher_code's copy
 WORKERS_VAR = "MODELBENCH_SANDBOX_WORKERS"
-TOKEN_VAR = "MODELBENCH_SANDBOX_TOKEN"
+ISOLATION_VAR = "MODELBENCH_SANDBOX_ISOLATION"
+PROBE_PROGRAM = "print('ok')\n"
+PROBE_LIMITS_WALL = 30.0
+PIPE_BYTES = 1 << 16  # the launcher's configuration must fit in a pipe (written before it runs)
 
 
 @dataclass(frozen=True)
@@ -83,7 +105,13 @@ class HiddenTests:
     """Names always taken from the program (the function under test)."""
 
     def request(self) -> dict[str, Any]:
-        return {"prelude": self.prelude, "cases": list(self.cases), "bind": list(self.bind)}
+        """What the judge receives: the code with every ``assert`` guarded, so that a failed
+        one is counted and the tests go on (:func:`~pytest_modelbench.sandbox.judge.guard_asserts`)."""
+        return {
+            "prelude": guard_asserts(self.prelude),
+            "cases": [guard_asserts(case) for case in self.cases],
+            "bind": list(self.bind),
+        }
 
 
 @dataclass(frozen=True)
@@ -97,6 +125,8 @@ class ExecutionResult:
     stderr_tail: str
     duration_s: float
     isolation: Mapping[str, Any] = field(default_factory=dict)
+    """What held, as the launcher saw it: ``level`` (``bwrap``, ``namespaces``,
+    ``audit-hook``), each namespace, ``uid``, ``private_proc``, ``proc_readonly``, ..."""
     tests: Mapping[str, int] = field(default_factory=dict)
     """Judged runs: ``total`` cases, how many ``passed``, the program ``calls`` they made."""
 
@@ -120,28 +150,6 @@ def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def _tail(path: Path, chars: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 4 * chars))
-            text = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return text[-chars:]
-
-
-def _receive_all(sock: socket.socket) -> bytes:
-    """What the launcher's processes wrote (all of them have ended)."""
-    sock.setblocking(False)
-    chunks = []
-    with contextlib.suppress(OSError):  # BlockingIOError: nothing more was written
-        while chunk := sock.recv(1 << 16):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _read_report(data: bytes) -> tuple[dict[str, Any], dict[str, int] | None, list[Any]]:
     """The launcher's records: the isolation that held, how the program ended, verdicts."""
     isolation: dict[str, Any] = {}
@@ -159,66 +167,6 @@ def _read_report(data: bytes) -> tuple[dict[str, Any], dict[str, int] | None, li
         if "verdict" in record:
             verdicts.append(record["verdict"])
     return isolation, exit_info, verdicts
-
-
-def _wait_unreaped(process: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait for the process to exit without reaping it (its group id stays ours); False on
-    timeout. Platforms without ``waitid`` fall back to an ordinary, reaping wait."""
-    pid = process.pid
-    if not hasattr(os, "waitid"):
-        try:
-            process.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        pidfd = os.pidfd_open(pid)  # Linux >= 5.3: readable once the process has exited
-    except (AttributeError, OSError):
-        pidfd = None
-    if pidfd is not None:
-        try:
-            ready, _, _ = select.select([pidfd], [], [], timeout)
-            return bool(ready)
-        finally:
-            os.close(pidfd)
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while True:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-        except ChildProcessError:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.02)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _sweep(token: str) -> None:
-    """Kill leftovers that carry this execution's token (when no cgroup or PID namespace)."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    for _ in range(20):
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ:
-                found = True
-                with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
-        if not found:
-            return
-        time.sleep(0.02)
 
 
 def _signal_name(number: int) -> str:
@@ -293,8 +241,45 @@ def classify_judged(
     return "failed", str(verdict["failure"] or "not every test passed")[:300], code
 
 
+def _pipe_holding(config: dict[str, Any]) -> int:
+    """A pipe's read end holding ``config`` as JSON (not the command line, which every
+    process in the sandbox can read in ``/proc/1/cmdline``)."""
+    data = json.dumps(config).encode()
+    if len(data) >= PIPE_BYTES:
+        raise ValueError(f"the launcher's configuration is too large ({len(data)} bytes)")
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+def host_namespaces() -> dict[str, int]:
+    """Inode numbers of this process's namespaces (the launcher checks that its own differ)."""
+    found = {}
+    for name in ("user", "mnt", "pid", "net", "ipc", "uts"):
+        with contextlib.suppress(OSError):
+            found[name] = os.stat(f"/proc/self/ns/{name}").st_ino
+    return found
+
+
+def _give_to_sandbox_user(root: Path, workdir: Path) -> None:
+    """As root: the sandbox user owns the working directory and may pass through ``root``."""
+    root.chmod(0o711)
+    for folder, _, names in os.walk(workdir):
+        os.chown(folder, SANDBOX_ID, SANDBOX_ID)
+        for name in names:
+            os.chown(os.path.join(folder, name), SANDBOX_ID, SANDBOX_ID)
+
+
 class Sandbox:
-    """Runs untrusted Python programs, at most ``workers`` at a time."""
+    """Runs untrusted Python programs, at most ``workers`` at a time.
+
+    ``isolation`` is ``auto`` (the strongest level this host provides, found on first use)
+    or one level to use as is: ``bwrap``, ``namespaces`` (a run fails as a setup failure if
+    the level cannot be set up) or ``audit-hook`` (no OS isolation; tests and measurements).
+    """
 
     def __init__(
         self,
@@ -302,15 +287,67 @@ class Sandbox:
         *,
         workers: int | None = None,
         allow_network: bool = False,
-        isolate: bool = True,
+        isolation: str = "auto",
         python: str | None = None,
     ) -> None:
+        if isolation != "auto" and isolation not in LEVELS:
+            raise ValueError(f"isolation must be auto or one of {', '.join(LEVELS)}: {isolation!r}")
         self.limits = limits or SandboxLimits()
         self.workers = workers or default_workers()
         self.allow_network = allow_network
-        self.isolate = isolate
+        self.requested = isolation
         self.python = python or sys.executable
+        self.unavailable: dict[str, str] = {}
+        """Why each stronger level was not used (filled when ``auto`` chooses)."""
+        self._level: Level | None = None if isolation == "auto" else cast(Level, isolation)
+        self._level_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.workers)
+
+    @property
+    def level(self) -> Level:
+        """The isolation level runs get (chosen on first use when ``auto``)."""
+        with self._level_lock:
+            if self._level is None:
+                self._level = self._choose()
+            return self._level
+
+    def describe(self) -> dict[str, Any]:
+        """The isolation level as a record for summaries: level, whether it is full, the
+        interpreter, and why stronger levels were not available."""
+        level = self.level
+        info: dict[str, Any] = {"isolation": level, "full": level in FULL_LEVELS}
+        if level in FULL_LEVELS:
+            info["python"] = self._layout().interpreter
+        if self.unavailable:
+            info["unavailable"] = dict(self.unavailable)
+        return info
+
+    def _choose(self) -> Level:
+        for level in FULL_LEVELS:
+            reason = self.unusable(level)
+            if reason is None:
+                return level
+            self.unavailable[level] = reason
+        return "audit-hook"
+
+    def unusable(self, level: Level) -> str | None:
+        """Why ``level`` cannot be used here (None: a trivial program ran with it)."""
+        if not sys.platform.startswith("linux"):
+            return "needs Linux"
+        if level == "bwrap" and bwrap.find_bwrap() is None:
+            return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        limits = SandboxLimits(cpu_seconds=10, wall_seconds=PROBE_LIMITS_WALL)
+        try:
+            result = self._run(level, PROBE_PROGRAM, {}, limits, None)
+        except LayoutError as error:
+            return str(error)
+        if result.passed:
+            return None
+        lines = [line.strip() for line in result.stderr_tail.splitlines() if line.strip()]
+        return f"{result.reason}: {lines[-1] if lines else 'no output'}"[:400]
+
+    def _layout(self) -> RootLayout:
+        return root_layout(self.python)
 
     def run(
         self,
@@ -322,8 +359,9 @@ class Sandbox:
         """Run ``program`` (Python source) as ``program.py`` in a fresh directory; it passes
         if it exits with 0, which the program controls (score untrusted code with
         :meth:`run_tests`)."""
+        level = self.level
         with self._slots:
-            return self._run(program, dict(files or {}), limits or self.limits, None)
+            return self._run(level, program, dict(files or {}), limits or self.limits, None)
 
     def run_tests(
         self,
@@ -337,73 +375,118 @@ class Sandbox:
         never runs the program's code, saw every case complete (see :mod:`.judge`)."""
         if not tests.cases:
             raise ValueError("HiddenTests need at least one case (a run without any would pass)")
+        level = self.level
         with self._slots:
-            return self._run(program, dict(files or {}), limits or self.limits, tests)
+            return self._run(level, program, dict(files or {}), limits or self.limits, tests)
 
     def run_many(self, programs: Sequence[str]) -> list[ExecutionResult]:
         """Run several programs concurrently (bounded by ``workers``), results in order."""
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             return list(pool.map(self.run, programs))
 
-    def _env(self, workdir: Path, token: str) -> dict[str, str]:
+    def _env(self, workdir: str, token: str) -> dict[str, str]:
         return {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
+            "HOME": workdir,
+            "TMPDIR": workdir,
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             TOKEN_VAR: token,
         }
 
     def _config(
-        self, workdir: Path, limits: SandboxLimits, cgroup: PidsCgroup | None, judged: bool
+        self, level: Level, workdir: Path, limits: SandboxLimits, judged: bool
     ) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
+            "level": level,
             "workdir": str(workdir),
             "program": "program.py",
             "limits": limits.for_launcher(),
-            "host_uid": os.geteuid(),
-            "home": os.path.expanduser("~"),
             "network": self.allow_network,
-            "isolate": self.isolate,
-            "cgroup_procs": cgroup.procs_file if cgroup else None,
             "judged": judged,
+            "host_ns": host_namespaces(),
+            "hidden": [],
         }
+        if level in FULL_LEVELS:
+            layout = self._layout()
+            config.update(workdir=INSIDE_WORKDIR, hidden=list(layout.hidden))
+            if level == "namespaces":
+                config.update(host_workdir=str(workdir), layout=layout.for_launcher())
+                config["root_dir"] = str(workdir.parent / "root")
+        return config
+
+    def _command(
+        self, level: Level, config_fd: int, workdir: Path
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The launcher's command line (its configuration comes on ``config_fd``) and how to
+        start it, at ``level``."""
+        if level == "bwrap":
+            found = bwrap.find_bwrap() or "bwrap"
+            argv = bwrap.command(
+                found, self._layout(), str(workdir), config_fd, network=self.allow_network
+            )
+            return argv, {"cwd": "/", **bwrap.popen_options()}
+        if level == "namespaces":  # site runs once the root is built (see launcher.main)
+            argv = [self._layout().interpreter, "-I", "-S", "-B"]
+        else:
+            argv = [self.python, "-I", "-B"]
+        try:
+            boot = Path(launcher_code(self.python)) / LAUNCHER
+        except LayoutError:
+            if level != "audit-hook":
+                raise
+            boot = Path(__file__).with_name("boot.py")  # compiled on every run, but it runs
+        return [*argv, str(boot), str(config_fd)], {"cwd": str(workdir)}
 
     def _launch(
-        self, root: Path, config: dict[str, Any], token: str, request: bytes | None, wall: float
+        self,
+        level: Level,
+        root: Path,
+        config: dict[str, Any],
+        token: str,
+        request: bytes | None,
+        wall: float,
     ) -> tuple[bool, bytes]:
         """Start the launcher, hand the judge its request, wait for the end or the wall clock,
         kill what is left; whether it timed out, and what the launcher reported."""
         ours, theirs = socket.socketpair()  # a socket: no other process can reopen it via /proc
-        config = {**config, "report_fd": theirs.fileno()}
+        config_fd = _pipe_holding({**config, "report_fd": theirs.fileno()})
+        argv, options = self._command(level, config_fd, root / "work")
         with ours, open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
             start = time.monotonic()
-            with theirs:
-                process = subprocess.Popen(
-                    [self.python, "-I", "-B", str(LAUNCHER), json.dumps(config)],
-                    cwd=config["workdir"],
-                    env=self._env(Path(config["workdir"]), token),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    pass_fds=(theirs.fileno(),),
-                    start_new_session=True,
-                )
+            try:
+                with theirs:
+                    process = subprocess.Popen(
+                        argv,
+                        env=self._env(config["workdir"], token),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        pass_fds=(theirs.fileno(), config_fd),
+                        start_new_session=True,
+                        **options,
+                    )
+            finally:
+                os.close(config_fd)
             try:
                 if request is not None:
                     with contextlib.suppress(OSError):  # the launcher died: no verdict follows
                         ours.settimeout(wall)
                         ours.sendall(request)
                 left = max(0.0, wall - (time.monotonic() - start))
-                timed_out = not _wait_unreaped(process, left)
+                timed_out = not wait_unreaped(process, left)
             finally:
-                _kill_group(process.pid)  # the unreaped leader keeps the group id ours
+                kill_group(process.pid)  # the unreaped leader keeps the group id ours
                 process.wait()
-            return timed_out, _receive_all(ours)
+            return timed_out, receive_all(ours)
 
     def _run(
-        self, program: str, files: dict[str, str], limits: SandboxLimits, tests: HiddenTests | None
+        self,
+        level: Level,
+        program: str,
+        files: dict[str, str],
+        limits: SandboxLimits,
+        tests: HiddenTests | None,
     ) -> ExecutionResult:
         token = uuid.uuid4().hex
         with tempfile.TemporaryDirectory(
@@ -411,23 +494,33 @@ class Sandbox:
         ) as tmp:
             root = Path(tmp)
             workdir = _write_files(root / "work", {**files, "program.py": program})
+            config = self._config(level, workdir, limits, judged=tests is not None)
+            if level == "namespaces":
+                (root / "root").mkdir()
+            if level in FULL_LEVELS and os.geteuid() == 0:
+                _give_to_sandbox_user(root, workdir)
             cgroup = (
-                PidsCgroup.create(f"run-{token}", limits.max_processes) if self.isolate else None
+                PidsCgroup.create(f"run-{token}", limits.max_processes)
+                if level == "namespaces"
+                else None
             )
-            config = self._config(workdir, limits, cgroup, judged=tests is not None)
+            config["cgroup_procs"] = cgroup.procs_file if cgroup else None
             request = None if tests is None else (json.dumps(tests.request()) + "\n").encode()
             start = time.monotonic()
             try:
-                timed_out, data = self._launch(root, config, token, request, limits.wall_seconds)
+                timed_out, data = self._launch(
+                    level, root, config, token, request, limits.wall_seconds
+                )
             finally:
                 if cgroup is not None:
                     cgroup.destroy()
             duration = time.monotonic() - start
             isolation, exit_info, verdicts = _read_report(data)
+            isolation.setdefault("level", level)
             if cgroup is None and not isolation.get("pidns"):
-                _sweep(token)
-            stderr = _tail(root / "stderr", limits.tail_chars)
-            stdout = _tail(root / "stdout", limits.tail_chars)
+                sweep(token)
+            stderr = tail(root / "stderr", limits.tail_chars)
+            stdout = tail(root / "stdout", limits.tail_chars)
         if tests is None:
             status, reason, code = classify(timed_out, exit_info, stderr, limits)
             return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation)
@@ -453,11 +546,24 @@ _default: list[Sandbox] = []
 _default_lock = threading.Lock()
 
 
+def default_isolation() -> str:
+    """``$MODELBENCH_SANDBOX_ISOLATION`` (auto, bwrap, namespaces, audit-hook) or auto; a
+    value that is none of them warns and is ignored."""
+    value = os.environ.get(ISOLATION_VAR, "").strip().lower()
+    if value and value != "auto" and value not in LEVELS:
+        warnings.warn(
+            f"{ISOLATION_VAR}={value!r} is not auto, {', '.join(LEVELS)}: using auto",
+            stacklevel=2,
+        )
+        return "auto"
+    return value or "auto"
+
+
 def default_sandbox() -> Sandbox:
     """The process-wide sandbox the code suites share (so ``workers`` bounds them all)."""
     with _default_lock:
         if not _default:
-            _default.append(Sandbox())
+            _default.append(Sandbox(isolation=default_isolation()))
         return _default[0]
 
 

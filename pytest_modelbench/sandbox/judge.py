@@ -10,6 +10,13 @@ capabilities, while the judge and the launcher are non-dumpable (no ptrace, no
 ``/proc/PID/mem`` or ``/proc/PID/fd``), so the tests, the judge's memory and its
 socket to the host are out of the program's reach.
 
+Why the calls tell the program nothing: a failed ``assert`` in the tests is recorded
+and the tests go on (:func:`guard_asserts`, applied by the host), and every case runs, so the program is called the same way
+whether its answers are right or wrong (only an exception outside an ``assert``,
+such as one from using a malformed answer, ends a case early). With no state
+surviving between runs, it cannot learn the expected values from one rollout to
+the next.
+
 Standard library only: the launcher imports it in every judged run.
 """
 
@@ -29,6 +36,9 @@ from pytest_modelbench.sandbox import wire
 
 NOT_REBUILT = (StopIteration, StopAsyncIteration)  # would end the tests' loops instead of failing
 NAMESPACE = "__tests__"
+ASSERT_FAILED = "__modelbench_assert_failed__"  # records a failed assert (in the tests' namespace)
+ASSERT_ERROR = "__modelbench_assert_error__"
+MAX_PRINTED = 3  # tracebacks of failed asserts printed (the first names the reason)
 
 
 class Broken(BaseException):
@@ -167,9 +177,48 @@ def _code_names(code: types.CodeType) -> Iterator[str]:
             yield from _code_names(const)
 
 
+def guard_asserts(source: str) -> str:
+    """``source`` with each ``assert test, msg`` as ``try: assert test, msg`` / ``except
+    Exception as e: record(e)``, so a failed assert is counted and the tests go on.
+
+    Run on the host (:meth:`HiddenTests.request <pytest_modelbench.sandbox.HiddenTests.request>`):
+    the judge compiles the result as it is, without importing ``ast`` on every run."""
+    import ast  # function-level: the host's side only (the judge never needs it)
+
+    class GoOn(ast.NodeTransformer):
+        def visit_Assert(self, node: ast.Assert) -> ast.Try:
+            record = ast.Call(
+                func=ast.Name(ASSERT_FAILED, ast.Load()),
+                args=[ast.Name(ASSERT_ERROR, ast.Load())],
+                keywords=[],
+            )
+            handler = ast.ExceptHandler(
+                type=ast.Name("Exception", ast.Load()), name=ASSERT_ERROR, body=[ast.Expr(record)]
+            )
+            guarded = ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[])
+            return ast.copy_location(guarded, node)
+
+    tree = ast.fix_missing_locations(GoOn().visit(ast.parse(source)))
+    return ast.unparse(tree) + "\n"
+
+
 def _compile(source: str, filename: str) -> types.CodeType:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return compile(source, filename, "exec", dont_inherit=True)
+
+
+class Failures:
+    """The failed asserts and cases of one run: how many, and the first one's last line."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: str | None = None
+
+    def record(self, error: BaseException) -> None:
+        self.count += 1
+        line = _print_failure(error) if self.count <= MAX_PRINTED else ""
+        if self.first is None:
+            self.first = line
 
 
 def _parse(request: Any) -> tuple[str, list[str], list[str]]:
@@ -201,14 +250,20 @@ def _bind(program: Program, namespace: dict[str, Any], wanted: list[str]) -> Non
 
 
 def _prepare(
-    prelude: types.CodeType, cases: list[types.CodeType], bind: list[str], program: Program
+    prelude: types.CodeType,
+    cases: list[types.CodeType],
+    bind: list[str],
+    program: Program,
+    failures: Failures,
 ) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": NAMESPACE, "__builtins__": builtins}
+    namespace[ASSERT_FAILED] = failures.record
     exec(prelude, namespace)
     for name in bind:
         namespace.pop(name, None)
+    namespace[ASSERT_FAILED] = failures.record  # the judge's own, whatever bind says
     used = {name for code in [prelude, *cases] for name in _code_names(code)}
-    wanted = (used - set(namespace) - set(dir(builtins))) | set(bind)
+    wanted = (used - set(namespace) - set(dir(builtins)) - {ASSERT_ERROR}) | set(bind)
     program.start()
     _bind(program, namespace, sorted(wanted))
     return namespace
@@ -227,22 +282,37 @@ def _print_failure(error: BaseException) -> str:
 
 
 def run(request: Any, program: Program) -> dict[str, Any]:
-    """Run the requested tests against the program; the verdict record for the host."""
+    """Run every requested case against the program, each to its end (a failed assert is
+    recorded, not the end of the case); the verdict record for the host."""
     prelude, cases, bind = _parse(request)
-    codes: list[types.CodeType] = []
-    done, failure = 0, None
+    failures = Failures()
+    done, index, first_failed = 0, 0, None
     try:
-        codes += [_compile(case, f"<test {i + 1}>") for i, case in enumerate(cases)]
-        namespace = _prepare(_compile(prelude, "<prelude>"), codes, bind, program)
-        for code in codes:
-            exec(code, namespace)
-            done += 1
-    except Broken as error:
-        failure = str(error)
-    except BaseException as error:  # whatever the tests raised fails them, as in Python
-        failure = _print_failure(error)
-    if program.broken is not None:  # even if the tests swallowed it
-        failure = program.broken
-    if failure is not None and len(cases) > 1:
-        failure += f" (test {done + 1} of {len(cases)})"
-    return {"total": len(cases), "passed": done, "failure": failure, "calls": program.calls}
+        codes = [_compile(case, f"<test {i + 1}>") for i, case in enumerate(cases)]
+        namespace = _prepare(_compile(prelude, "<prelude>"), codes, bind, program, failures)
+        for index, code in enumerate(codes):
+            before = failures.count
+            try:
+                exec(code, namespace)
+            except Broken:
+                raise
+            except BaseException as error:  # whatever the tests raised fails them, as in Python
+                failures.record(error)
+            if failures.count == before:
+                done += 1
+            elif first_failed is None:
+                first_failed = index
+    except Broken:  # the program ended or broke the protocol: program.broken says how
+        first_failed = index if first_failed is None else first_failed
+    except BaseException as error:  # the tests could not be compiled or prepared
+        failures.record(error)
+    failure = program.broken or failures.first  # program.broken even if the tests swallowed it
+    if failure is not None and first_failed is not None and len(cases) > 1:
+        failure += f" (test {first_failed + 1} of {len(cases)})"
+    return {
+        "total": len(cases),
+        "passed": done,
+        "failure": failure,
+        "calls": program.calls,
+        "failed_asserts": failures.count,
+    }

@@ -1,21 +1,27 @@
 """Child side of the sandbox: isolate this process, then run one untrusted program.
 
 Run in a fresh ``python -I -B`` by :mod:`pytest_modelbench.sandbox.boot` for
-:mod:`pytest_modelbench.sandbox.host`. Standard library only (and the
-stdlib-only siblings ``candidate``, ``judge`` and ``wire``). Every isolation step is
-best effort and recorded in the report (JSON lines on a socket the host passed
-in), so the host knows exactly what held:
+:mod:`pytest_modelbench.sandbox.host`. Standard library only (and the stdlib-only
+siblings ``candidate``, ``judge``, ``namespaces`` and ``wire``). ``config["level"]``
+says what isolates the program:
 
-1. join the host-made pids cgroup (process-count limit that also binds root);
-2. ``unshare`` user + mount + network + PID namespaces (Linux, where permitted);
-3. a PID-1 reaper in the new PID namespace remounts every filesystem read-only
-   except the working directory, hides well-known credential folders, mounts a
-   fresh ``/proc`` (other processes and their environments become invisible);
-4. the worker sets rlimits (CPU, address space, file size, open files, process
-   count), drops every capability, installs a Python audit hook (no sockets, no
-   writes outside the working directory, no ``ctypes``; no process spawning when
-   neither a cgroup nor ``RLIMIT_NPROC`` can bound it), closes every descriptor
-   but stdio, then runs the program.
+* ``bwrap``: bubblewrap has built the root and the namespaces; this process is PID 1
+  in them, as the sandbox user, with no capabilities;
+* ``namespaces``: :func:`pytest_modelbench.sandbox.namespaces.enter` builds the same
+  root and namespaces (after joining the host-made pids cgroup);
+* ``audit-hook``: nothing but rlimits and the Python audit hook (not a security
+  boundary; the code suites refuse it unless the user opts in).
+
+PID 1 then joins a fresh session keyring, checks what holds (new namespaces, a
+private read-only ``/proc``, a read-only root without the host paths the host
+named, the sandbox uid, no capabilities) and, for the first two levels, ends the
+run as a setup failure if anything does not: a run is never silently weaker than
+its level. The program's process sets rlimits (CPU, address space, file size,
+open files, process count), drops every capability, installs a Python audit hook
+(no sockets, no writes outside the working directory, no ``ctypes``; no process
+spawning without a network namespace, no ``fork`` when nothing bounds the process
+count), reports the isolation (JSON lines on a socket the host passed in), closes
+every descriptor but stdio and runs the program.
 
 Plain runs report the program's exit. Judged runs (``config["judged"]``) turn
 PID 1 into :mod:`pytest_modelbench.sandbox.judge`: it forks the program's
@@ -29,67 +35,23 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
+import platform
 import signal
-import stat
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pytest_modelbench.sandbox import candidate, judge, wire
+from pytest_modelbench.sandbox import candidate, judge, namespaces, wire
+from pytest_modelbench.sandbox.namespaces import SANDBOX_ID, SETUP_FAILED
 
-SETUP_FAILED = 199  # exit code when the launcher itself cannot run the program
-
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWPID = 0x20000000
-
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_REMOUNT = 32
-MS_NOATIME = 1024
-MS_NODIRATIME = 2048
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-MS_RELATIME = 1 << 21
-# statvfs f_flag bits -> mount flags that must be kept on a bind remount (locked flags)
-KEPT_FLAGS = {
-    1: MS_RDONLY,
-    2: MS_NOSUID,
-    4: MS_NODEV,
-    8: MS_NOEXEC,
-    1024: MS_NOATIME,
-    2048: MS_NODIRATIME,
-    4096: MS_RELATIME,
-}
-
+FULL_LEVELS = ("bwrap", "namespaces")
 PR_SET_DUMPABLE = 4
-PR_CAPBSET_DROP = 24
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-LINUX_CAPABILITY_VERSION_3 = 0x20080522
-
-CREDENTIAL_PATHS = (
-    ".ssh",
-    ".aws",
-    ".azure",
-    ".gnupg",
-    ".kube",
-    ".docker",
-    ".netrc",
-    ".pypirc",
-    ".git-credentials",
-    ".huggingface",
-    ".cache/huggingface",
-    ".config/gcloud",
-    ".config/gh",
-)
+KEYCTL_JOIN_SESSION_KEYRING = 1
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219, "loongarch64": 219}
+SYS_KEYCTL.update({"ppc64le": 271, "ppc64": 271, "s390x": 280})
+NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts")
+ST_RDONLY = 1
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 PATH_EVENTS = {  # audit event -> indices of path arguments that get modified
@@ -114,17 +76,22 @@ NETWORK_EVENTS = {
     "socket.gethostbyname",
     "socket.gethostbyaddr",
 }
+# ctypes reaches native code without loading a library (ctypes.pythonapi, CDLL(None) handles
+# made before the hook): every foreign call, symbol lookup and raw memory access is refused
+CTYPES_EVENTS = {
+    "ctypes.dlopen",
+    "ctypes.dlsym",
+    "ctypes.dlsym/handle",
+    "ctypes.call_function",
+    "ctypes.cdata",
+    "ctypes.cdata/buffer",
+    "ctypes.addressof",
+    "ctypes.string_at",
+    "ctypes.wstring_at",
+}
 MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far lower)
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _errno_text() -> str:
-    return os.strerror(ctypes.get_errno())
 
 
 def _write(path: str, text: str) -> None:
@@ -132,116 +99,17 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
 
 
-def _encode(value: str | None) -> bytes | None:
-    return None if value is None else os.fsencode(value)
-
-
-def _mount(libc: Any, source: str | None, target: str, fstype: str | None, flags: int) -> None:
-    if libc.mount(_encode(source), _encode(target), _encode(fstype), ctypes.c_ulong(flags), None):
-        raise OSError(ctypes.get_errno(), f"mount {target}: {_errno_text()}")
-
-
-def unshare_namespaces(network: bool) -> dict[str, Any]:
-    """Enter new namespaces, trying the strongest combination first."""
-    if not sys.platform.startswith("linux"):
-        return {"namespaces": "unsupported platform"}
-    libc = _libc()
-    uid, gid = os.geteuid(), os.getegid()
-    net = 0 if network else CLONE_NEWNET
-    full = CLONE_NEWNS | CLONE_NEWPID | net
-    attempts = [CLONE_NEWUSER | full, CLONE_NEWUSER | net]
-    if uid == 0:  # real root may create namespaces without a user namespace
-        attempts[1:1] = [full]
-        attempts.append(net)
-    errors = []
-    for flags in attempts:
-        if flags == 0:
-            continue
-        if libc.unshare(flags) != 0:
-            errors.append(f"unshare({flags:#x}): {_errno_text()}")
-            continue
-        if flags & CLONE_NEWUSER:
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{uid} {uid} 1")
-            _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        return {
-            "userns": bool(flags & CLONE_NEWUSER),
-            "mountns": bool(flags & CLONE_NEWNS),
-            "pidns": bool(flags & CLONE_NEWPID),
-            "netns": bool(flags & CLONE_NEWNET),
-        }
-    return {"namespaces": "; ".join(errors) or "not requested"}
-
-
-def _mount_points() -> list[str]:
-    points = []
-    with open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            field = line.split()[4]
-            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field))
-    return points
-
-
-def lock_filesystem(workdir: str, home: str) -> dict[str, Any]:
-    """Read-only view of every mount except ``workdir``; hide credentials; fresh /proc."""
-    libc = _libc()
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
-    _mount(libc, workdir, workdir, None, MS_BIND | MS_REC)
-    os.chdir(workdir)  # the old cwd still points into the soon read-only parent mount
-    failed = []
-    for point in _mount_points():
-        if point == workdir or point.startswith(workdir + "/") or point.startswith("/proc/"):
-            continue
-        try:
-            flags = os.statvfs(point).f_flag
-            kept = sum(mount_flag for bit, mount_flag in KEPT_FLAGS.items() if flags & bit)
-            _mount(libc, None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
-        except OSError:
-            failed.append(point)
-    hidden = 0
-    for name in CREDENTIAL_PATHS:
-        path = os.path.join(home, name)
-        try:
-            mode = os.lstat(path).st_mode
-            if stat.S_ISDIR(mode):
-                _mount(libc, "tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV)
-            elif stat.S_ISREG(mode):
-                _mount(libc, "/dev/null", path, None, MS_BIND)
-            hidden += 1
-        except OSError:
-            continue
-    report: dict[str, Any] = {"readonly_fs": not failed, "credentials_hidden": hidden}
-    if failed:
-        report["readonly_failed"] = failed[:5]
-    try:
-        _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        report["private_proc"] = True
-    except OSError as error:
-        report["private_proc"] = False
-        report["proc_error"] = str(error)
-    return report
-
-
 def drop_capabilities() -> bool:
-    """No capabilities now or after exec, so the program cannot undo the mounts."""
+    """No capabilities now or after exec, so the program cannot undo any isolation."""
     if not sys.platform.startswith("linux"):
         return False
-    libc = _libc()
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as handle:
-            last = int(handle.read())
-    except (OSError, ValueError):
-        last = 63
-    for cap in range(last + 1):
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    libc.capset(header, data)
-    with open("/proc/self/status") as handle:
-        effective = next(line for line in handle if line.startswith("CapEff:"))
-    return int(effective.split()[1], 16) == 0
+    lib = namespaces.libc()
+    lib.prctl(namespaces.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    lib.prctl(namespaces.PR_CAP_AMBIENT, namespaces.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(64):
+        lib.prctl(namespaces.PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails harmlessly without caps
+    namespaces.clear_capabilities(lib)
+    return namespaces.effective_capabilities() == 0
 
 
 def set_dumpable(dumpable: bool) -> bool:
@@ -249,7 +117,59 @@ def set_dumpable(dumpable: bool) -> bool:
     stay closed to any process without ``CAP_SYS_PTRACE`` (the program has none)."""
     if not sys.platform.startswith("linux"):
         return False
-    return bool(_libc().prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) == 0)
+    return bool(namespaces.libc().prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) == 0)
+
+
+def join_new_keyring() -> str:
+    """A fresh anonymous session keyring: the caller's (inherited across fork and exec, and
+    writable by whoever holds it) would carry keys from one run to the next."""
+    number = SYS_KEYCTL.get(platform.machine())
+    if not sys.platform.startswith("linux") or number is None:
+        return "unsupported"
+    if namespaces.libc().syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None) >= 0:
+        return "private"
+    return "unsupported" if ctypes.get_errno() == 38 else "shared"  # 38: ENOSYS, no keyrings
+
+
+def observe(config: dict[str, Any]) -> dict[str, Any]:
+    """What holds, as seen from inside: which namespaces are new (compared with the host's),
+    whether ``/proc`` is private and read-only, the root read-only, host paths absent."""
+    seen: dict[str, Any] = {}
+    host = config.get("host_ns") or {}
+    for name in NAMESPACES:
+        try:
+            inode = os.stat(f"/proc/self/ns/{name}").st_ino
+        except OSError:
+            inode = None
+        seen[f"{name}ns" if name != "mnt" else "mountns"] = inode is not None and inode != host.get(
+            name
+        )
+    try:
+        own = int(os.readlink("/proc/self")) == os.getpid()
+        seen["proc_readonly"] = bool(os.statvfs("/proc").f_flag & ST_RDONLY)
+        seen["root_readonly"] = bool(os.statvfs("/").f_flag & ST_RDONLY)
+    except (OSError, ValueError):
+        own = False
+    seen["private_proc"] = own and seen["pidns"]
+    seen["uid"] = os.getuid()
+    seen["host_paths_visible"] = [path for path in config["hidden"] if os.path.lexists(path)]
+    return seen
+
+
+def missing_isolation(config: dict[str, Any], iso: dict[str, Any]) -> list[str]:
+    """What a full level requires and this run lacks (empty when everything holds)."""
+    wanted = ["userns", "mountns", "pidns", "ipcns", "utsns", "private_proc", "proc_readonly"]
+    wanted += ["root_readonly"] + ([] if config["network"] else ["netns"])
+    missing = [name for name in wanted if not iso.get(name)]
+    if iso.get("uid") != SANDBOX_ID:
+        missing.append(f"uid {SANDBOX_ID} (is {iso.get('uid')})")
+    if iso.get("host_paths_visible"):
+        missing.append("hidden host paths: " + ", ".join(iso["host_paths_visible"][:3]))
+    if iso.get("keyring") == "shared":
+        missing.append("a private session keyring")
+    if namespaces.effective_capabilities() != 0:
+        missing.append("no capabilities")
+    return missing
 
 
 def _count_processes(uid: int) -> int:
@@ -285,16 +205,17 @@ def set_process_limits(limits: dict[str, int]) -> None:
     _setrlimit(resource.RLIMIT_CORE, 0)
 
 
-def set_limits(limits: dict[str, int], host_uid: int, iso: dict[str, Any]) -> str:
+def set_limits(limits: dict[str, int], iso: dict[str, Any]) -> str:
     """Apply rlimits; return how the process count is bounded (cgroup/rlimit/guard)."""
     import resource  # function-level: Unix only
 
     set_process_limits(limits)
     if iso.get("cgroup"):
         return "cgroup"
-    if host_uid == 0:
-        return "guard"  # RLIMIT_NPROC never binds uid 0, even inside a user namespace
-    own = 0 if iso.get("userns") else _count_processes(host_uid)
+    uid = os.getuid()
+    if uid == 0:
+        return "guard"  # RLIMIT_NPROC never binds uid 0 (only the audit-hook level runs as root)
+    own = 0 if iso.get("userns") else _count_processes(uid)
     _setrlimit(resource.RLIMIT_NPROC, own + limits["max_processes"])
     return "rlimit"
 
@@ -315,8 +236,8 @@ def _denied_event(
     """What ``event`` would do that the policy forbids (writes aside), or None."""
     if event in NETWORK_EVENTS and not network:
         return f"network access ({event})"
-    if event == "ctypes.dlopen":
-        return "loading native libraries with ctypes"
+    if event in CTYPES_EVENTS:
+        return f"native code through ctypes ({event})"
     if event in SPAWN_EVENTS and not spawn:
         return f"starting programs ({event})"
     if event in FORK_EVENTS and not fork:
@@ -380,7 +301,7 @@ def confine(
     """Limits, no capabilities, the isolation report, no inherited descriptors, dumpable
     again (this is the untrusted process); the audit hook to install last."""
     try:
-        nproc = set_limits(config["limits"], config["host_uid"], iso)
+        nproc = set_limits(config["limits"], iso)
         iso["nproc"] = nproc
         iso["caps_dropped"] = drop_capabilities()
         fork = nproc != "guard"
@@ -452,15 +373,16 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     os._exit(0)
 
 
-def init(config: dict[str, Any], iso: dict[str, Any]) -> None:
-    """PID 1 of the new namespace (or a plain parent): set up mounts, reap, report."""
-    fd = config["report_fd"]
-    if iso.get("mountns"):
-        try:
-            iso.update(lock_filesystem(config["workdir"], config["home"]))
-        except OSError as error:
-            iso["readonly_fs"] = False
-            iso["mount_error"] = str(error)
+def init(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
+    """PID 1 of the sandbox (a plain parent at the audit-hook level): check what holds,
+    then judge or run the program, reap, report."""
+    set_dumpable(False)
+    iso["keyring"] = join_new_keyring()
+    iso.update(observe(config))
+    if config["level"] in FULL_LEVELS:
+        missing = missing_isolation(config, iso)
+        if missing:
+            namespaces.fail(f"{config['level']} did not provide " + "; ".join(missing))
     if config.get("judged"):
         init_judged(config, iso)
     child = os.fork()
@@ -470,32 +392,42 @@ def init(config: dict[str, Any], iso: dict[str, Any]) -> None:
         pid, status = os.wait()
         if pid == child:
             break
-    _report(fd, {"exit": _exit_record(status)})
+    _report(config["report_fd"], {"exit": _exit_record(status)})
     os._exit(0)
+
+
+def read_config(fd: int) -> dict[str, Any]:
+    """The configuration the host wrote into the pipe ``fd`` (then closed: no process of the
+    program's inherits it)."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    config: dict[str, Any] = json.loads(b"".join(chunks))
+    return config
 
 
 def main() -> None:
     """Entry point of the launcher process (run by :mod:`pytest_modelbench.sandbox.boot`)."""
-    config: dict[str, Any] = json.loads(sys.argv[1])
-    iso: dict[str, Any] = {"cgroup": False}
+    config = read_config(int(sys.argv[1]))
+    iso: dict[str, Any] = {"level": config["level"], "cgroup": False}
     if config.get("cgroup_procs"):
         try:
             _write(config["cgroup_procs"], str(os.getpid()))
             iso["cgroup"] = True
         except OSError as error:
             iso["cgroup_error"] = str(error)
-    if config["isolate"]:
-        try:
-            iso.update(unshare_namespaces(config["network"]))
-        except OSError as error:
-            iso["namespaces"] = str(error)
-    set_dumpable(False)  # only now: writing the user namespace's maps needs a dumpable process
-    child = os.fork()  # after CLONE_NEWPID only children enter the new namespace
-    if child == 0:
-        try:
-            init(config, iso)
-        finally:
-            os._exit(SETUP_FAILED)
-    os.close(config["report_fd"])  # PID 1 reports; this process must not hold the socket
-    _, status = os.waitpid(child, 0)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED)
+    try:
+        if config["level"] == "namespaces":
+            root = os.geteuid() == 0
+            namespaces.enter(config["network"], config["report_fd"])  # returns in PID 1
+            iso.update(namespaces.build_root(config))
+            namespaces.drop_privileges(setgroups=root)
+            # started with -S (the host's site directories and .pth files are none of the
+            # program's business, and cost start-up time): site's set-up, in the new root
+            import site  # function-level: only now, with the root's (masked) site directories
+
+            site.main()
+        init(config, iso)
+    except Exception as error:  # nothing of the program's has run: a setup failure
+        namespaces.fail(repr(error))

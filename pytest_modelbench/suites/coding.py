@@ -4,7 +4,11 @@ The reply's code (the fenced block that defines the function, or a raw
 completion of the prompt) runs in :mod:`pytest_modelbench.sandbox`, and the
 benchmark's tests are run against it by the sandbox's judge, in a process the
 code cannot reach (a program that exits early, prints what a passing run
-prints or returns an object equal to everything fails). ``pass@1`` is per
+prints or returns an object equal to everything fails). The code runs only with
+full OS isolation (bubblewrap or our own namespaces: a root without this
+package's data, the run store or the home directory), unless the user accepts
+the audit-hook sandbox (``--mb-allow-weak-sandbox``); each row's ``detail`` and
+the item's summary (:meth:`CodeSuite.summary_fields`) say which. ``pass@1`` is per
 completion; with ``rollouts_per_example > 1`` :meth:`CodeSuite.aggregate` adds
 the unbiased ``pass@k`` estimator of Chen et al. (2021) for every k up to the
 rollouts.
@@ -16,7 +20,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_modelbench.sandbox import HiddenTests, SandboxLimits, default_sandbox
+from pytest_modelbench.sandbox import (
+    HiddenTests,
+    SandboxLimits,
+    default_sandbox,
+    require_full_isolation,
+)
 from pytest_modelbench.suites.args import Arg
 from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_fewshot_arg
 from pytest_modelbench.suites.contract import Example, Score
@@ -57,12 +66,26 @@ class CodeSuite(BuiltinSuite):
     primary_metric = "pass@1"
     metrics: tuple[str, ...] = ("pass@1",)
     blocking_score = True
+    version = "2"  # 2: code sees the standard library only (no host packages such as numpy)
+
+    def preflight(self) -> None:
+        """Refuse before any request when generated code would run without OS isolation
+        and the user did not accept it (:class:`~pytest_modelbench.sandbox.WeakSandboxError`)."""
+        require_full_isolation(default_sandbox(), self.name)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """``{"sandbox": ...}`` for the item's summary: the isolation level this process's
+        sandbox gives (``bwrap``, ``namespaces`` or ``audit-hook``), whether it is full,
+        the interpreter, and why stronger levels were not available."""
+        return {"sandbox": default_sandbox().describe()}
 
     def score(self, example: Example, completion: str) -> Score:
         program, tests, code = self.program_and_tests(example, completion)
         seconds = int(example.gold.get("timeout", 10))
         limits = SandboxLimits(cpu_seconds=seconds, wall_seconds=2.0 * seconds + 5.0)
-        result = default_sandbox().run_tests(program, tests, limits=limits)
+        sandbox = default_sandbox()
+        require_full_isolation(sandbox, self.name)  # never runs code with less, unaccepted
+        result = sandbox.run_tests(program, tests, limits=limits)
         detail = result.to_json()
         detail.pop("stdout_tail", None)
         return Score(

@@ -1,8 +1,10 @@
 """The sandbox contains hostile programs and reports them; the host is unharmed.
 
-Every hostile case runs twice: with the full OS isolation this host allows
-(namespaces, read-only filesystem, pids cgroup) and with ``isolate=False``,
-the documented fallback where only rlimits and the Python audit hook hold.
+Every hostile case runs at each isolation level: ``bwrap`` and ``namespaces`` (a
+minimal root, every namespace, the sandbox user) and ``audit-hook``, the fallback
+where only rlimits and the Python audit hook hold. What only the full levels stop
+(answers on disk, host sockets, sysctls, files, state between runs) is in
+``test_sandbox_isolation.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,13 @@ SECRET = "sk-modelbench-test-secret-0123456789"
 PRINT_TOKEN = f"import os\nprint('TOKEN=' + os.environ['{TOKEN_VAR}'], flush=True)\n"
 
 
-@pytest.fixture(params=["isolated", "fallback"], scope="module")
-def hostile_sandbox(request: pytest.FixtureRequest) -> Sandbox:
-    limits = SandboxLimits(cpu_seconds=2, wall_seconds=4, memory_bytes=512 << 20)
-    return Sandbox(limits, workers=2, isolate=request.param == "isolated")
+@pytest.fixture(params=["bwrap", "namespaces", "audit-hook"], scope="module")
+def hostile_sandbox(
+    request: pytest.FixtureRequest, make_sandbox: Callable[..., Sandbox]
+) -> Sandbox:
+    return make_sandbox(
+        request.param, SandboxLimits(cpu_seconds=2, wall_seconds=4, memory_bytes=512 << 20)
+    )
 
 
 def _processes_with(token: str) -> list[int]:
@@ -186,26 +191,28 @@ def test_network_is_blocked(hostile_sandbox: Sandbox, listener: tuple[int, list[
     assert accepted == []
 
 
+def test_native_code_through_ctypes_is_refused(hostile_sandbox: Sandbox) -> None:
+    """``ctypes.pythonapi`` and ``CDLL(None)`` need no ``dlopen`` of their own: the hook
+    refuses every foreign call, symbol lookup and raw memory access instead."""
+    attempts = {
+        "pythonapi": "ctypes.pythonapi.Py_GetVersion()",
+        "libc": "ctypes.CDLL(None).getpid()",
+        "memory": "ctypes.string_at(id(0), 8)",
+    }
+    program = "import ctypes\n" + "".join(
+        f"try:\n    {code}\n    print('RAN {name}')\n"
+        f"except PermissionError as error:\n    print('refused {name}', error)\n"
+        for name, code in attempts.items()
+    )
+    result = hostile_sandbox.run(program)
+    assert result.status == "passed", result.stderr_tail
+    assert "RAN" not in result.stdout_tail and result.stdout_tail.count("refused") == 3
+
+
 def test_output_flood_is_bounded(hostile_sandbox: Sandbox) -> None:
     result = hostile_sandbox.run("while True:\n    print('x' * 1000)")
     assert result.status in ("failed", "crashed", "timeout")
     assert len(result.stdout_tail) <= hostile_sandbox.limits.tail_chars
-
-
-def test_full_isolation_where_the_host_allows(sandbox: Sandbox) -> None:
-    """On Linux hosts that permit namespaces, the OS layers are really in place."""
-    isolation = sandbox.run("pass").isolation
-    if not isolation.get("netns"):
-        pytest.skip(f"this host does not allow network namespaces: {dict(isolation)}")
-    result = sandbox.run(
-        "import os\nprint(os.listdir('/proc'))\nprint(open('/proc/self/status').read())"
-    )
-    assert "CapEff:\t0000000000000000" in result.stdout_tail
-    if isolation.get("private_proc"):
-        assert (
-            "'1'" in result.stdout_tail
-            and str(os.getpid()) not in result.stdout_tail.split("\n")[0]
-        )
 
 
 def test_parallelism_is_bounded() -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter, OrderedDict, defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from pytest_modelbench.sandbox import HiddenTests, Sandbox, SandboxLimits, wire
+from pytest_modelbench.sandbox import HiddenTests, Sandbox, wire
 
 
 def _no_handles(value: Any) -> Any:
@@ -137,10 +138,9 @@ def test_the_channel_rejects_bare_floats_constants_and_long_lines(line: bytes) -
         os.close(write)
 
 
-@pytest.fixture(params=["isolated", "fallback"], scope="module")
-def judged(request: pytest.FixtureRequest) -> Sandbox:
-    limits = SandboxLimits(cpu_seconds=2, wall_seconds=9, memory_bytes=512 << 20)
-    return Sandbox(limits, workers=2, isolate=request.param == "isolated")
+@pytest.fixture(params=["bwrap", "namespaces", "audit-hook"], scope="module")
+def judged(request: pytest.FixtureRequest, make_sandbox: Callable[..., Sandbox]) -> Sandbox:
+    return make_sandbox(request.param)
 
 
 PROGRAM = """

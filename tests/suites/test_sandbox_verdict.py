@@ -6,8 +6,9 @@ Each reply is what a reward-hacking checkpoint writes for HumanEval/0
 it hunts for a proof that the tests ran and prints it, leaves early, returns an
 object that equals everything, patches builtins or the harness, writes a fake
 record to every descriptor it can reach, looks for the hidden tests or opens
-its parent's ``/proc`` entries. Each reply is scored through the suite, with
-full isolation and with ``isolate=False`` (rlimits and the audit hook only).
+its parent's ``/proc`` entries. Each reply is scored through the suite at each
+isolation level: ``bwrap``, ``namespaces`` and ``audit-hook`` (rlimits and the
+audit hook only, accepted here as ``--mb-allow-weak-sandbox`` would).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_modelbench.sandbox import Sandbox, SandboxLimits
+from pytest_modelbench.sandbox import Sandbox, policy
 from pytest_modelbench.suites import coding
 from pytest_modelbench.suites.coding import MBPP, CodeSuite, HumanEval
 from pytest_modelbench.suites.contract import Example, Score
@@ -80,10 +81,9 @@ FAKE_RECORDS = (
 )
 
 
-@pytest.fixture(params=["isolated", "fallback"], scope="module")
-def mode_sandbox(request: pytest.FixtureRequest) -> Sandbox:
-    limits = SandboxLimits(cpu_seconds=2, wall_seconds=9, memory_bytes=512 << 20)
-    return Sandbox(limits, workers=2, isolate=request.param == "isolated")
+@pytest.fixture(params=["bwrap", "namespaces", "audit-hook"], scope="module")
+def mode_sandbox(request: pytest.FixtureRequest, make_sandbox: Callable[..., Sandbox]) -> Sandbox:
+    return make_sandbox(request.param)
 
 
 ScoreReply = Callable[[CodeSuite, int, str], Score]
@@ -91,8 +91,10 @@ ScoreReply = Callable[[CodeSuite, int, str], Score]
 
 @pytest.fixture
 def score(mode_sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> ScoreReply:
-    """Score a reply through the suite, in the sandbox of this mode."""
+    """Score a reply through the suite, in the sandbox of this mode (the audit-hook level
+    accepted, as ``--mb-allow-weak-sandbox`` does, without its one warning)."""
     monkeypatch.setattr(coding, "default_sandbox", lambda: mode_sandbox)
+    monkeypatch.setattr(policy, "_state", {"allowed": True, "warned": True})
     return _score
 
 

@@ -1,0 +1,69 @@
+"""The sandbox through bubblewrap (``bwrap``, Debian's ``bubblewrap`` package), where installed.
+
+bubblewrap builds the same minimal root as :mod:`pytest_modelbench.sandbox.namespaces`
+(from a :class:`~pytest_modelbench.sandbox.layout.RootLayout`) in new user, mount, PID,
+network, IPC, UTS and cgroup namespaces, maps the program to uid/gid 65534 ("nobody"),
+disables nested user namespaces, mounts a private ``/proc`` read-only and runs the launcher
+as PID 1. bubblewrap maps the sandbox user to the uid that starts it, so a root caller starts
+it as the sandbox user: nothing in the sandbox is host uid 0, and it sees only what that
+user may read (an interpreter under ``/root`` is out of its reach: then our own namespaces
+are used).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from pytest_modelbench.sandbox.layout import RootLayout
+from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SHM_BYTES
+
+CODE_DIR = "/opt/modelbench"  # where the launcher's modules appear in the sandbox
+HOSTNAME = "sandbox"
+
+
+def find_bwrap() -> str | None:
+    """The ``bwrap`` executable on ``PATH`` (or the usual places), if installed."""
+    return shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin")
+
+
+def command(
+    bwrap: str, layout: RootLayout, workdir: str, config_fd: int, *, network: bool
+) -> list[str]:
+    """The ``bwrap`` command line that runs the launcher (its configuration on the inherited
+    descriptor ``config_fd``) in a fresh root."""
+    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    if network:
+        args.append("--share-net")
+    args += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", HOSTNAME]
+    args += ["--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID)]
+    for target, path in layout.symlinks:
+        args += ["--symlink", target, path]
+    for path in layout.bound:
+        args += ["--ro-bind", path, path]
+    for path in layout.masks:
+        args += ["--tmpfs", path, "--remount-ro", path]
+    args += ["--ro-bind", layout.code, CODE_DIR]
+    args += ["--proc", "/proc", "--remount-ro", "/proc"]
+    args += [
+        "--dev",
+        "/dev",
+        "--size",
+        str(SHM_BYTES),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+    ]
+    args += ["--bind", workdir, INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR, "--remount-ro", "/"]
+    boot = f"{CODE_DIR}/pytest_modelbench/sandbox/boot.py"
+    return [*args, "--", layout.interpreter, "-I", "-B", boot, str(config_fd)]
+
+
+def popen_options() -> dict[str, Any]:
+    """How ``subprocess.Popen`` starts bubblewrap: as the sandbox user when we are root (it
+    maps the sandbox to its own uid), with no supplementary groups."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": SANDBOX_ID, "group": SANDBOX_ID, "extra_groups": []}
