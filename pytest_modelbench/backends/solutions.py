@@ -28,12 +28,18 @@ from typing import Any
 
 from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.suite_backend import SuiteBackend
-from pytest_modelbench.errors import ModelbenchUsageError
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
-from pytest_modelbench.suites.contract import Example, aggregate_extra
+from pytest_modelbench.suites.contract import (
+    Example,
+    SuiteRefused,
+    aggregate_extra,
+    preflight,
+    summary_fields,
+)
 
 CHUNK = 32  # units per scoring task: parallel within a big file, deadline checked per unit
 MAX_PROBLEMS_KEPT = 50  # problems listed in summary.json (all are counted)
@@ -279,6 +285,11 @@ class SolutionsBackend:
             timeout_s=timeout_s,
         )
         ctx.progress.start(item.item_id, len(wanted), len(wanted) - len(todo))
+        if todo:
+            try:
+                preflight(self.suite)  # e.g. code suites without OS isolation
+            except SuiteRefused as exc:
+                raise EvaluationError(f"{item.item_id}: {exc}") from None
         started = time.perf_counter()
         journal.open()
         try:
@@ -353,6 +364,7 @@ class SolutionsBackend:
     ) -> dict[str, Any]:
         rows = [row for key, row in journal.read().items() if key in wanted]
         summary = summarise_rows(rows, self.suite.metrics, len(wanted))
+        summary.update(summary_fields(self.suite))
         by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
         for row in rows:
             if not row.get("error"):

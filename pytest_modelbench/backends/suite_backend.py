@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
-from pytest_modelbench.suites.contract import Example, Suite, SuiteArgumentError, aggregate_extra
+from pytest_modelbench.suites.contract import (
+    Example,
+    Suite,
+    SuiteArgumentError,
+    SuiteRefused,
+    aggregate_extra,
+    preflight,
+    summary_fields,
+)
 from pytest_modelbench.suites.selection import select_examples
 
 if TYPE_CHECKING:
@@ -111,6 +119,11 @@ class SuiteBackend:
                     ctx.progress,
                 )
 
+        if total > len(done):
+            try:
+                preflight(self.suite)  # e.g. code suites without OS isolation
+            except SuiteRefused as exc:
+                raise EvaluationError(f"{item.item_id}: {exc}") from None
         journal.open()
         if total > len(done):
             prefetch()  # pyarrow for session end, while this item waits on its server
@@ -142,6 +155,7 @@ class SuiteBackend:
         # the journal is streamed (twice when the suite aggregates): a 100k-example item
         # never holds its rows in memory
         summary = summarise_rows(journal.latest(wanted), self.suite.metrics, total)
+        summary.update(summary_fields(self.suite))
         if getattr(self.suite, "aggregate", None) is not None:
             by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
             for row in journal.latest(wanted):

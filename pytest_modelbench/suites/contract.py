@@ -125,3 +125,25 @@ def aggregate_extra(
         return {}
     result: dict[str, float] = hook(rows_by_example)
     return result
+
+
+class SuiteRefused(Exception):
+    """A suite refused to run here (its message says why and what the user can do)."""
+
+
+def preflight(suite: Suite) -> None:
+    """Let a suite refuse before any request (code suites without OS isolation): its
+    ``preflight()`` raises a ``RuntimeError`` naming why, re-raised as :class:`SuiteRefused`."""
+    hook = getattr(suite, "preflight", None)
+    if hook is None:
+        return
+    try:
+        hook()
+    except RuntimeError as exc:
+        raise SuiteRefused(str(exc)) from None
+
+
+def summary_fields(suite: Suite) -> dict[str, Any]:
+    """Suite-specific ``summary.json`` fields (the code suites' ``sandbox``), if defined."""
+    hook = getattr(suite, "summary_fields", None)
+    return dict(hook()) if hook is not None else {}

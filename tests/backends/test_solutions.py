@@ -110,3 +110,37 @@ def test_no_matching_files_is_one_clear_failure(project: Project) -> None:
     result.assert_outcomes(errors=1)  # the mb_eval fixture fails: one paragraph, no traceback
     result.stdout.fnmatch_lines(["*models.offline.solutions: 'nowhere/*.jsonl' matches no file*"])
     assert "Traceback" not in result.stdout.str()
+
+
+def _humaneval_solutions(project: Project, n: int = 3) -> None:
+    suite = BUILTIN_SUITES["humaneval"]()
+    examples = list(suite.examples({}, 0))[:n]
+    _write(
+        project.root / "sols" / "he.jsonl",
+        [{"id": ex.id, "completion": suite.reference_completion(ex)} for ex in examples],
+    )
+    project.models({"external": {"solutions": "sols/*.jsonl"}})
+    project.env("humaneval", [{"id": "humaneval", "module": "humaneval", "num_examples": n}])
+
+
+def test_a_code_suite_states_its_isolation_level(project: Project) -> None:
+    _humaneval_solutions(project)
+    project.pytester.runpytest("benchmarks/", "--model", "external").assert_outcomes(passed=1)
+    (run_dir,) = project.run_dirs()
+    summary = json.loads((run_dir / "external-humaneval-seed0" / "summary.json").read_text())
+    assert summary["metrics"]["pass@1"]["value"] == 1.0
+    assert summary["sandbox"]["isolation"] in ("bwrap", "namespaces")
+    assert summary["sandbox"]["full"] is True
+
+
+def test_a_code_suite_refuses_the_audit_hook_alone_before_scoring(
+    project: Project, monkeypatch: Any
+) -> None:
+    _humaneval_solutions(project)
+    monkeypatch.setenv("MODELBENCH_SANDBOX_ISOLATION", "audit-hook")
+    monkeypatch.delenv("MODELBENCH_ALLOW_WEAK_SANDBOX", raising=False)
+    result = project.pytester.runpytest_subprocess("benchmarks/", "--model", "external")
+    result.assert_outcomes(errors=1)  # the mb_eval fixture fails: one line, no traceback
+    result.stdout.fnmatch_lines(["external-humaneval-seed0: humaneval: *--mb-allow-weak-sandbox*"])
+    (run_dir,) = project.run_dirs()
+    assert not (run_dir / "external-humaneval-seed0" / "results.jsonl").exists()  # nothing scored
