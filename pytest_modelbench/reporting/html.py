@@ -244,12 +244,20 @@ def examples_table(examples: Sequence[Example], limit: int) -> str:
     rows = []
     for ex in examples:
         what = f"error: {ex.error}" if ex.error else f"score {_num(ex.score)}"
-        cells_html = [ex.prompt, ex.completion, ex.gold, ex.extracted]
+        if ex.finish_reason == "length":
+            what += "; out of tokens" + ("" if ex.completion.strip() else " while thinking")
+        cells_html = [f"<pre>{escape(_clip(text))}</pre>" for text in (ex.prompt, ex.completion)]
+        if ex.reasoning:  # the thinking, collapsed beside the answer
+            cells_html[1] += (
+                f'<details class="mb-reasoning"><summary>reasoning ({len(ex.reasoning)} '
+                f"characters)</summary><pre>{escape(_clip(ex.reasoning))}</pre></details>"
+            )
+        cells_html += [f"<pre>{escape(_clip(text))}</pre>" for text in (ex.gold, ex.extracted)]
         rows.append(
             f"<tr><td>{escape(ex.example_id)}"
             + (f" #{ex.rollout}" if ex.rollout else "")
             + f"<br><small>{escape(what)}</small></td>"
-            + "".join(f"<td><pre>{escape(_clip(text))}</pre></td>" for text in cells_html)
+            + "".join(f"<td>{cell}</td>" for cell in cells_html)
             + "</tr>"
         )
     return (

@@ -38,6 +38,7 @@ class Cell:
     seeds: int
     n: int
     errors: int
+    truncated: int  # replies cut off by max_tokens
     baseline: float | None
     delta: float | None
     verdict: str
@@ -78,6 +79,7 @@ def cells(items: Sequence[ItemRecord]) -> list[Cell]:
                 seeds=len(group),
                 n=sum(i.n for i in group),
                 errors=sum(i.errors for i in group),
+                truncated=sum(i.truncated for i in group),
                 baseline=next((i.baseline for i in group if i.baseline is not None), None),
                 delta=_mean([i.delta for i in group]),
                 verdict=_worst_verdict([i.verdict for i in group]),
@@ -154,6 +156,7 @@ def leaderboard_csv(table: Sequence[Cell]) -> str:
             "seeds",
             "n",
             "errors",
+            "truncated",
             "baseline",
             "delta",
             "verdict",
@@ -176,6 +179,7 @@ def leaderboard_csv(table: Sequence[Cell]) -> str:
                 c.seeds,
                 c.n,
                 c.errors,
+                c.truncated,
                 _f(c.baseline, 6),
                 _f(c.delta, 6),
                 c.verdict,
@@ -224,8 +228,8 @@ def leaderboard_markdown(run: RunData, table: Sequence[Cell]) -> str:
         "",
         "## Items",
         "",
-        "| item | metric | score | 95% CI | n | errors | baseline | Δ | p | verdict |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
+        "| item | metric | score | 95% CI | n | errors | truncated | baseline | Δ | p | verdict |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for item in run.items:
         ci = (
@@ -235,7 +239,8 @@ def leaderboard_markdown(run: RunData, table: Sequence[Cell]) -> str:
         )
         lines.append(
             f"| {_md(item.item_id)} | {item.metric} | {_f(item.score) or '-'} | {ci} | {item.n} | "
-            f"{item.errors} | {_f(item.baseline) or '-'} | {_f(item.delta) or '-'} | "
+            f"{item.errors} | {item.truncated} | {_f(item.baseline) or '-'} | "
+            f"{_f(item.delta) or '-'} | "
             f"{_f(item.p_value) or '-'} | {item.verdict or item.status or '-'} |"
         )
     return "\n".join(lines) + "\n"

@@ -54,6 +54,8 @@ class ItemRecord:
     stderr: float | None = None
     n: int = 0
     errors: int = 0
+    truncated: int = 0  # replies cut off by max_tokens (finish_reason length)
+    truncated_in_reasoning: int = 0  # of those, cut off before any answer
     baseline: float | None = None
     delta: float | None = None
     p_value: float | None = None
@@ -110,6 +112,8 @@ def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str,
         "stderr": _float(entry.get("stderr")),
         "n": _int(entry.get("n")),
         "errors": _int(summary.get("errors")),
+        "truncated": _int(summary.get("truncated")),
+        "truncated_in_reasoning": _int(summary.get("truncated_in_reasoning")),
         "duration_s": _float(summary.get("duration_s")),
         "prompt_tokens": _int(tokens.get("prompt")),
         "completion_tokens": _int(tokens.get("completion")),

@@ -24,7 +24,7 @@ from typing import Any
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.store.runstore import ItemStore
 
-PARQUET_SCHEMA_VERSION = 1
+PARQUET_SCHEMA_VERSION = 2  # 2: reasoning_tokens, reasoning
 PARQUET_NAME = "results.parquet"
 
 # (column, arrow type name, meaning) — the documented schema, version PARQUET_SCHEMA_VERSION
@@ -52,6 +52,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("completion", "string", "the model's answer"),
     ("gold", "string", "reference answer (JSON text when not a string)"),
     ("extracted", "string", "answer extracted for scoring (JSON text when not a string)"),
+    ("reasoning_tokens", "int64", "of the completion tokens, thinking (null if unknown)"),
+    ("reasoning", "string", "the model's thinking (null when it sent none)"),
 )
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
 
@@ -122,12 +124,14 @@ def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[st
         "metrics": metrics,
         "prompt_tokens": _optional_int(tokens.get("prompt")),
         "completion_tokens": _optional_int(tokens.get("completion")),
+        "reasoning_tokens": _optional_int(row.get("reasoning_tokens")),
         "latency_s": _number(row.get("latency_s")),
         "attempts": _optional_int(row.get("attempts")),
         "error": _text(error) if error else None,
         "finish_reason": _text(row.get("finish_reason")),
         "prompt": _text(row.get("prompt")),
         "completion": _text(row.get("completion")),
+        "reasoning": _text(row.get("reasoning")),
         "gold": _text(row.get("gold")),
         "extracted": _text(row.get("extracted")),
     }
@@ -158,6 +162,8 @@ class Example:
     completion: str
     gold: str
     extracted: str
+    reasoning: str = ""  # the model's thinking ("" when it sent none)
+    finish_reason: str = ""  # "length": the reply ran out of tokens
 
 
 class FailingPicker:
@@ -216,7 +222,8 @@ class FailingPicker:
             else:
                 below = sorted((-s, -i, row) for s, i, row in self._lowest if -s < self._top)
                 wrong = [row for _, _, row in below[:wanted]]
-        rows = [normal_row(run_id, self.item, row) for row in [*self._errored, *wrong]]
+        raw = [*self._errored, *wrong]
+        rows = [normal_row(run_id, self.item, row) for row in raw]
         return [
             Example(
                 str(r["example_id"]),
@@ -227,8 +234,10 @@ class FailingPicker:
                 r["completion"] or "",
                 r["gold"] or "",
                 r["extracted"] or "",
+                _text(row.get("reasoning")) or "",
+                r["finish_reason"] or "",
             )
-            for r in rows
+            for r, row in zip(rows, raw, strict=True)
         ]
 
 

@@ -1,6 +1,10 @@
 """The OpenAI-compatible client: a completion request through the endpoint pool, read into a
 :class:`Completion` from any shape a server may send.
 
+A reasoning model's thinking is kept apart from its answer: from ``message.reasoning_content``
+(vLLM's reasoning parsers), ``message.reasoning`` (newer vLLM) or ``<think>`` blocks in the
+text (no parser on); scorers see only the answer.
+
 Routing, retries, timeouts, the pre-flight and dead-endpoint detection are the pool's
 (:mod:`.pool`); this adds what a completion is: a 200 whose body has no first choice is
 retried (``malformed response``), any other status the pool does not retry fails with the
@@ -10,6 +14,7 @@ server's message.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +30,7 @@ from pytest_modelbench.running.pool import (
     unusable,
 )
 from pytest_modelbench.running.urls import UrlSet
+from pytest_modelbench.suites.extract import THINK_TAG
 
 __all__ = [
     "Completion",
@@ -40,13 +46,79 @@ __all__ = [
 class Completion:
     """A model answer with its cost: tokens, latency, attempts."""
 
-    text: str
+    text: str  # the answer: what scorers read (thinking removed)
     finish_reason: str | None
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_s: float
     attempts: int
     retry_reasons: list[str] = field(default_factory=list)
+    reasoning: str | None = None  # the thinking, when the model sent any
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens
+
+    @property
+    def truncated(self) -> bool:
+        """The token budget ran out (``finish_reason: length``)."""
+        return self.finish_reason == "length"
+
+    @property
+    def truncated_in_reasoning(self) -> bool:
+        """The budget ran out before any answer: the model was still thinking."""
+        return self.truncated and not self.text.strip()
+
+
+_THINK = re.compile(rf"<(/?){THINK_TAG}>", re.I)
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # vLLM's names, older first
+
+
+def split_thinking(text: str) -> tuple[str, str | None]:
+    """(the answer, the thinking) of a text that may hold ``<think>…</think>`` blocks.
+
+    As :func:`pytest_modelbench.suites.extract.remove_thinking` reads them: a closing tag with
+    no opening one (the chat template opened the block) makes everything before it thinking;
+    an opening tag that never closes (the budget ran out mid-thought) makes everything after
+    it thinking. The answer keeps its whitespace (code indentation).
+    """
+    if "<" not in text:
+        return text, None
+    answer: list[str] = []
+    thought: list[str] = []
+    outside, start, found = True, 0, False
+    for tag in _THINK.finditer(text):
+        found = True
+        if not tag[1]:  # opening tag
+            if outside:
+                answer.append(text[start : tag.start()])
+                outside, start = False, tag.end()
+        else:  # closing tag
+            if outside:  # closing-only: what came before was thinking
+                thought.append("".join(answer) + text[start : tag.start()])
+                answer = []
+            else:
+                thought.append(text[start : tag.start()])
+            outside, start = True, tag.end()
+    if not found:
+        return text, None
+    (answer if outside else thought).append(text[start:])
+    reasoning = "\n\n".join(t.strip() for t in thought if t.strip())
+    return "".join(answer), reasoning or None
+
+
+def _reasoning_field(choice: Mapping[str, Any]) -> str | None:
+    """The thinking a reasoning parser sent beside the answer (either field name), or None."""
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        return None
+    for name in REASONING_FIELDS:
+        text = _part_text(message.get(name))
+        if text:
+            return text
+    return None
+
+
+def _reasoning_tokens(usage: Mapping[str, Any]) -> int | None:
+    details = usage.get("completion_tokens_details")
+    return _count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
 
 
 def _choice_text(choice: Mapping[str, Any], *, chat: bool) -> str:
@@ -112,12 +184,19 @@ class OpenAIClient(EndpointPool):
         (data, choice), attempts, reasons = await self.send("POST", path, body, _completion)
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
+        chat = path.endswith("chat/completions")
+        text, thought = split_thinking(_choice_text(choice, chat=chat))
+        parsed = _reasoning_field(choice) if chat else None
+        if parsed is not None:
+            thought = parsed if thought is None else f"{parsed}\n\n{thought}"
         return Completion(
-            text=_choice_text(choice, chat=path.endswith("chat/completions")),
+            text=text,
             finish_reason=str(choice.get("finish_reason") or "") or None,
             prompt_tokens=_count(usage.get("prompt_tokens")),
             completion_tokens=_count(usage.get("completion_tokens")),
             latency_s=time.perf_counter() - started,
             attempts=attempts,
             retry_reasons=reasons,
+            reasoning=thought,
+            reasoning_tokens=_reasoning_tokens(usage),
         )

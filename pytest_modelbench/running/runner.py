@@ -171,7 +171,8 @@ def _complete_row(
     detail: Mapping[str, Any],
     primary_metric: str,
 ) -> None:
-    """Fill an answered example's journal row (``row`` already has its id, prompt and gold)."""
+    """Fill an answered example's journal row (``row`` already has its id, prompt and gold);
+    the thinking and its token count only when the server sent them."""
     row.update(
         completion=completion.text,
         finish_reason=completion.finish_reason,
@@ -183,5 +184,9 @@ def _complete_row(
         attempts=completion.attempts,
     )
     row.setdefault("error", None)
+    if completion.reasoning is not None:
+        row["reasoning"] = completion.reasoning
+    if completion.reasoning_tokens is not None:
+        row["reasoning_tokens"] = completion.reasoning_tokens
     if detail:
         row["detail"] = dict(detail)

@@ -36,10 +36,15 @@ def summarise_rows(
     rows: Iterable[Mapping[str, Any]], metric_names: Sequence[str], expected_units: int
 ) -> dict[str, Any]:
     """Summary fields from journal rows (the last row per example/rollout), read once, so
-    ``rows`` can stream from the journal (a row is not kept after it is counted)."""
+    ``rows`` can stream from the journal (a row is not kept after it is counted).
+
+    ``truncated`` counts scored replies that ran out of tokens (``finish_reason: length``);
+    ``truncated_in_reasoning`` those of them with no answer yet (still thinking)."""
     by_metric: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     n_rows = errors = 0
-    prompt_tokens = completion_tokens = 0
+    prompt_tokens = completion_tokens = reasoning_tokens = 0
+    reasoning_reported = False
+    truncated = truncated_in_reasoning = 0
     latency: list[float] = []
     retries = 0
     for row in rows:
@@ -53,11 +58,20 @@ def summarise_rows(
         tokens = row.get("tokens") or {}
         prompt_tokens += tokens.get("prompt") or 0
         completion_tokens += tokens.get("completion") or 0
+        if row.get("reasoning_tokens") is not None:
+            reasoning_reported = True
+            reasoning_tokens += int(row["reasoning_tokens"])
+        if row.get("finish_reason") == "length":
+            truncated += 1
+            truncated_in_reasoning += not str(row.get("completion") or "").strip()
         if row.get("latency_s") is not None:
             latency.append(float(row["latency_s"]))
     names = list(dict.fromkeys([*metric_names, *by_metric]))
     metrics = {name: metric_summary(by_metric.get(name, {})) for name in names}
     latency.sort()
+    token_counts = {"prompt": prompt_tokens, "completion": completion_tokens}
+    if reasoning_reported:
+        token_counts["reasoning"] = reasoning_tokens
     return {
         "metrics": metrics,
         "n_rows": n_rows,
@@ -66,7 +80,9 @@ def summarise_rows(
         "errors": errors,
         "error_rate": errors / expected_units if expected_units else 0.0,
         "retries": retries,
-        "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
+        "truncated": truncated,
+        "truncated_in_reasoning": truncated_in_reasoning,
+        "tokens": token_counts,
         "latency_s": {
             "mean": sum(latency) / len(latency) if latency else None,
             "p50": latency[len(latency) // 2] if latency else None,

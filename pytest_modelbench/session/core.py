@@ -494,9 +494,11 @@ class ModelbenchSession:
             write_markdown_summary,
             write_recomputed,
             write_summary_table,
+            write_truncation_warnings,
         )
 
         write_summary_table(terminalreporter, self.records, self._run_dir)
+        write_truncation_warnings(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
         for message in self.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)
@@ -560,7 +562,7 @@ class ModelbenchSession:
             with contextlib.suppress(OSError):
                 result.save()  # the record is rewritten once, with its final verdict
             if result.verdict is not None and not result.verdict.passed:
-                self.holm_failures.append(result.verdict.message)
+                self.holm_failures.append(result.message)
             waiting = self._pending.pop(result.item_id, None)
             if waiting is not None:
                 settle(self.config, session, waiting, result.status, result.message)

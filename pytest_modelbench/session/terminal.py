@@ -116,14 +116,22 @@ def write_summary_table(reporter: Any, records: Sequence[EvalResult], run_dir: P
     """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict."""
     header = ["model", "variant", "seed", "metric", "score", "95% CI", "n", "errors"]
     rows = [[*header, "baseline", "Δ", "verdict"]]
+    # a "truncated" column (after errors) only in runs where a reply ran out of tokens
+    truncation = any(r.truncated for r in records)
+    if truncation:
+        rows[0].insert(8, "truncated")
     for result in _ordered(records):
         verdict = result.verdict_text
         if result.from_store and result.error is None:
             unchecked = "; endpoint not checked" if not result.endpoint_checked else ""
             verdict += f" (from store{unchecked})"
-        rows.append([*_row(result), verdict])
+        cells = _row(result)
+        if truncation:
+            cells.insert(8, _fmt(result.truncated if result.error is None else None))
+        rows.append([*cells, verdict])
     reporter.write_sep("=", "modelbench summary")
-    for line in _table(rows, right={2, 4, 6, 7, 8, 9}):
+    right = {2, 4, 6, 7, 8, 9, 10} if truncation else {2, 4, 6, 7, 8, 9}
+    for line in _table(rows, right=right):
         reporter.write_line(line)
     if run_dir is not None:
         reporter.write_line(f"run store: {run_dir}")
@@ -131,6 +139,18 @@ def write_summary_table(reporter: Any, records: Sequence[EvalResult], run_dir: P
 
 
 MAX_LISTED = 5
+TRUNCATION_WARN = 0.05  # warn when more than this share of an item's replies ran out of tokens
+
+
+def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> None:
+    """One warning line per item with more than :data:`TRUNCATION_WARN` of its replies cut off
+    by the token budget: a low score there says "budget too small", not "model got worse"."""
+    for result in _ordered(records):
+        replies = int(result.summary.get("n_scored") or 0)
+        if result.error is None and replies and result.truncated / replies > TRUNCATION_WARN:
+            reporter.write_line(
+                f"warning: {result.item_id}: {result.truncation_note()}", yellow=True
+            )
 
 
 def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path) -> None:

@@ -35,8 +35,10 @@ class JournalRow(TypedDict, total=False):
     rollout: int  # 0-based rollout of this example (rollouts_per_example > 1)
     prompt: str  # the prompt as text (the last user message for chat)
     gold: Any  # the reference answer
-    completion: str | None  # the model's text; None when the request failed
-    finish_reason: str | None  # as the server reported it ("stop", "length")
+    completion: str | None  # the model's answer (thinking removed); None when the request failed
+    reasoning: str  # the model's thinking (reasoning field or <think> block); absent if none
+    reasoning_tokens: int  # usage.completion_tokens_details.reasoning_tokens; absent if not sent
+    finish_reason: str | None  # as the server reported it ("stop", "length": out of tokens)
     extracted: Any  # what the scorer extracted from the completion (an option letter, a number)
     metrics: dict[str, float]  # metric name -> value for this example
     score: float | None  # the primary metric's value
@@ -74,7 +76,9 @@ class ItemSummary(TypedDict, total=False):
     errors: int  # units without a score after retries
     error_rate: float  # errors / expected
     retries: int  # retried requests
-    tokens: dict[str, int]  # {"prompt": n, "completion": n}
+    truncated: int  # answered units cut off by the token budget (finish_reason "length")
+    truncated_in_reasoning: int  # of ``truncated``: cut off while thinking, no answer yet
+    tokens: dict[str, int]  # {"prompt": n, "completion": n, "reasoning": n (where reported)}
     latency_s: dict[str, float | None]  # mean, p50, p95
     resumed_examples: int  # units taken from the journal instead of requested again
     duration_s: float  # wall time for the whole item (scaled up when part was resumed)

@@ -72,10 +72,33 @@ class EvalResult:
 
     @property
     def message(self) -> str:
-        """The gate's one paragraph, or the error that stopped the item."""
+        """The gate's one paragraph (a failing one says how many replies ran out of tokens),
+        or the error that stopped the item."""
         if self.error is not None:
             return self.error
-        return self.verdict.message if self.verdict is not None else ""
+        if self.verdict is None:
+            return ""
+        if self.verdict.passed or not self.truncated:
+            return self.verdict.message
+        return f"{self.verdict.message.rstrip('.')}; {self.truncation_note()}"
+
+    @property
+    def truncated(self) -> int:
+        """Replies that ran out of tokens (``finish_reason: length``)."""
+        return int(self.summary.get("truncated") or 0)
+
+    def truncation_note(self) -> str:
+        """``"12 of 200 replies were truncated (...)"``: how many replies ran out of tokens,
+        how many of them while still thinking, and the fix; "" when none did."""
+        if not self.truncated:
+            return ""
+        replies = int(self.summary.get("n_scored") or self.summary.get("n_rows") or 0)
+        thinking = int(self.summary.get("truncated_in_reasoning") or 0)
+        during = f", {thinking} while still thinking" if thinking else ""
+        return (
+            f"{self.truncated} of {replies} replies were truncated "
+            f"(finish_reason length{during}): raise max_tokens or lower reasoning_effort"
+        )
 
     # -- the record on disk --------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -131,6 +154,8 @@ class EvalResult:
                 stderr=self.stderr,
                 n=self.n,
                 errors=self.errors,
+                truncated=self.truncated,
+                truncated_in_reasoning=int(self.summary.get("truncated_in_reasoning") or 0),
                 from_store=self.from_store,
                 duration_s=self.summary.get("duration_s"),
                 model_path=self.model_path,
@@ -194,7 +219,7 @@ class EvalResult:
         if verdict is not None and not verdict.passed and not self.gate_deferred:
             import pytest
 
-            pytest.fail(verdict.message, pytrace=False)
+            pytest.fail(self.message, pytrace=False)
 
     def describe(self) -> str:
         low, high = self.ci

@@ -9,6 +9,8 @@ from typing import Any
 from pytest_modelbench.testing.faults import Faults, Latency
 from pytest_modelbench.testing.policy import FALLBACK_TEXT, AnswerPolicy, Lookup
 
+REASONING_FIELDS = ("reasoning_content", "reasoning", "think")
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -20,6 +22,11 @@ class SimConfig:
     ``accuracy_overrides`` gives some keys their own accuracy; ``seed`` seeds
     the fault and latency draws (the answer policy depends only on each
     request's own ``seed``); ``log_path`` appends every request as JSONL.
+
+    ``reasoning_words`` > 0 answers like a reasoning model: that many words of thinking
+    (scaled by the request's ``reasoning_effort``: low 0.5, medium 1, high 2) before the
+    answer, counted in ``max_tokens``, sent in ``reasoning_field`` (``reasoning_content``,
+    ``reasoning``, or ``think`` for a ``<think>`` block in the text).
     """
 
     models: tuple[str, ...] = ("sim-model",)
@@ -35,6 +42,8 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 0
     max_model_len: int = 4096
+    reasoning_words: int = 0
+    reasoning_field: str = "reasoning_content"
 
     def __post_init__(self) -> None:
         coerce = {
@@ -49,6 +58,13 @@ class SimConfig:
             raise ValueError("SimConfig.models: serve at least one model name")
         if self.slots < 1:
             raise ValueError(f"SimConfig.slots={self.slots!r}: need at least 1 slot")
+        if self.reasoning_words < 0:
+            raise ValueError(f"SimConfig.reasoning_words={self.reasoning_words!r}: use >= 0")
+        if self.reasoning_field not in REASONING_FIELDS:
+            raise ValueError(
+                f"SimConfig.reasoning_field={self.reasoning_field!r}: "
+                f"use one of {', '.join(REASONING_FIELDS)}"
+            )
         for key, accuracy in [("accuracy", self.accuracy), *self.accuracy_overrides.items()]:
             if not 0.0 <= accuracy <= 1.0:
                 raise ValueError(f"SimConfig: accuracy for {key!r} is {accuracy!r}; use [0, 1]")

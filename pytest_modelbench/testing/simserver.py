@@ -49,6 +49,21 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
 _SCALE = float(1 << 64)
+_EFFORT = {"minimal": 0.25, "low": 0.5, "medium": 1.0, "high": 2.0}  # reasoning_effort scale
+_THINKING = [
+    "hmm",
+    "let",
+    "me",
+    "work",
+    "through",
+    "this",
+    "carefully",
+    "one",
+    "step",
+    "at",
+    "a",
+    "time",
+]
 
 
 _ROUTES = {
@@ -425,7 +440,7 @@ class SimServer:
                 if kind == "timeout":
                     outcome = "timeout"
 
-        choices, completion_tokens = self._completions(keys, seed, body)
+        choices, completion_tokens, thoughts = self._completions(keys, seed, body, chat)
         await self._hold_slot(pending, config.latency.sample(u_latency, completion_tokens))
 
         if kind == "5xx":
@@ -433,17 +448,28 @@ class SimServer:
             message = f"Simulated server error {status}; retry the request."
             return wire.json_response(wire.error_body(message, "server_error", status), status)
 
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
         number = next(self._ids)
-        if kind is None and body.get("stream") is not True:  # the hot path
+        if config.reasoning_words:
+            thinking = sum(len(t.split()) for t in thoughts)
+            usage["completion_tokens_details"] = {"reasoning_tokens": thinking}
+        elif kind is None and body.get("stream") is not True:  # the hot path
             self._record(pending, outcome, 200)
             data = wire.completion_bytes(number, pending.model, choices, usage, chat=chat)
             return wire.json_response(data)
-        payload = wire.completion_payload(number, pending.model, choices, usage, chat=chat)
+        payload = wire.completion_payload(
+            number,
+            pending.model,
+            choices,
+            usage,
+            chat=chat,
+            thoughts=thoughts if chat and config.reasoning_field != "think" else (),
+            reasoning_field=config.reasoning_field,
+        )
         return await self._answer_unusually(request, pending, body, payload, kind, outcome, chat)
 
     async def _fail_before_slot(
@@ -518,24 +544,51 @@ class SimServer:
         return wire.json_response(data)
 
     def _completions(
-        self, keys: tuple[str, ...], seed: int | None, body: dict[str, Any]
-    ) -> tuple[list[tuple[str, str]], int]:
-        """(text, finish_reason) per key, cut to ``max_tokens`` words, and the token total."""
+        self, keys: tuple[str, ...], seed: int | None, body: dict[str, Any], chat: bool
+    ) -> tuple[list[tuple[str, str]], int, list[str]]:
+        """(text, finish_reason) per key, cut to ``max_tokens`` words, the token total, and
+        per key the thinking (reasoning mode; thinking counts against ``max_tokens`` first)."""
         policy = self._policy
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        budget = limit if isinstance(limit, int) and limit > 0 else None
+        thinking = self._thinking_words(body)
+        inline = not chat or self._config.reasoning_field == "think"
         choices: list[tuple[str, str]] = []
+        thoughts: list[str] = []
         completion_tokens = 0
         for key in keys:
             text = policy.answer(key, seed)
             words = text.split()
             finish = "stop"
-            if isinstance(limit, int) and 0 < limit < len(words):
-                words = words[:limit]
+            room = budget
+            if thinking:
+                thought = _THINKING * (thinking // len(_THINKING) + 1)
+                thought = thought[: thinking if budget is None else min(thinking, budget)]
+                thoughts.append(" ".join(thought))
+                completion_tokens += len(thought)
+                room = None if budget is None else budget - len(thought)
+                if room is not None and room <= 0 and len(thought) < thinking + len(words):
+                    words, finish = [], "length"  # out of tokens while thinking
+            if room is not None and 0 < room < len(words):
+                words = words[:room]
                 text = " ".join(words)
                 finish = "length"
+            elif not words:
+                text = ""
             completion_tokens += len(words)
+            if thinking and inline:  # a <think> block in the text, as without a parser
+                closed = "</think>\n" if len(thoughts[-1].split()) == thinking else ""
+                text = f"<think>{thoughts[-1]}{closed}" + (text if closed else "")
             choices.append((text, finish))
-        return choices, completion_tokens
+        return choices, completion_tokens, thoughts
+
+    def _thinking_words(self, body: dict[str, Any]) -> int:
+        """Words of thinking per reply: the configured length scaled by ``reasoning_effort``."""
+        words = self._config.reasoning_words
+        effort = body.get("reasoning_effort")
+        return (
+            round(words * _EFFORT.get(effort, 1.0)) if words and isinstance(effort, str) else words
+        )
 
     def _uniforms(self, pending: Pending) -> tuple[float, float]:
         """Two uniforms in [0, 1) for this request: its fault draw and its latency draw."""

@@ -67,21 +67,27 @@ def completion_payload(
     number: int,
     model: str,
     choices: Sequence[tuple[str, str]],
-    usage: Mapping[str, int],
+    usage: Mapping[str, Any],
     *,
     chat: bool,
+    thoughts: Sequence[str] = (),
+    reasoning_field: str = "reasoning_content",
 ) -> dict[str, Any]:
-    """A chat.completion or text_completion body; ``choices`` are (text, finish_reason)."""
+    """A chat.completion or text_completion body; ``choices`` are (text, finish_reason).
+
+    ``thoughts`` (one per choice) go in ``message.<reasoning_field>`` as a vLLM reasoning
+    parser sends them, with a null ``content`` when there is no answer yet; the caller puts
+    them in the text instead for ``<think>`` blocks and completions."""
     if chat:
-        rows: list[dict[str, Any]] = [
-            {
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-            for index, (text, finish) in enumerate(choices)
-        ]
+        rows: list[dict[str, Any]] = []
+        for index, (text, finish) in enumerate(choices):
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thoughts:
+                message[reasoning_field] = thoughts[index]
+                message["content"] = text or None
+            rows.append(
+                {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
+            )
     else:
         rows = [
             {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
@@ -153,7 +159,7 @@ def sse_body(
         for choice in payload["choices"]:
             index, finish = choice["index"], choice["finish_reason"]
             if chat:
-                delta = {"role": "assistant", "content": choice["message"]["content"]}
+                delta = {"role": "assistant", **choice["message"]}
                 first = {"index": index, "delta": delta, "finish_reason": None}
                 last = {"index": index, "delta": {}, "finish_reason": finish}
             else:

@@ -46,6 +46,8 @@ DOCUMENTED = {
     "completion": "string",
     "gold": "string",
     "extracted": "string",
+    "reasoning_tokens": "int64",
+    "reasoning": "string",
 }
 
 
