@@ -13,19 +13,31 @@ behind it are imported and registered when the options select benchmark items (`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import warnings
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_modelbench import hookspecs
-from pytest_modelbench.config.options import ReportOptions, RunOptions, add_options
+from pytest_modelbench.config.options import (
+    ALIASES_KEY,
+    ReportOptions,
+    RunOptions,
+    add_aliases,
+    add_options,
+    without_free_aliases,
+)
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.workers import is_worker
 
 if TYPE_CHECKING:
     from pytest_modelbench.session.core import ModelbenchSession
     from pytest_modelbench.store.result import EvalResult
+
+# the simulated server's mb_sim_server fixture: a plugin of this one, so -p no:modelbench
+# disables it too
+pytest_plugins = ["pytest_modelbench.testing.fixtures"]
 
 SESSION_PLUGIN = "modelbench-session"  # the registered ModelbenchSession, once started
 OPTIONS_KEY = pytest.StashKey[tuple[RunOptions, ReportOptions]]()
@@ -37,6 +49,30 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, None, None]:
+    """Add the short aliases (``--model``) once every plugin and initial conftest has added
+    its options, just before pytest parses the command line: a neighbour's ``--env`` stays
+    theirs, and ours is ``--mb-env`` then.
+
+    Before the conftests load, the paths pytest looks for them in are read as if the aliases
+    existed, so ``--run-id ..`` or ``--env gsm8k`` is not taken for a directory of tests."""
+    if ALIASES_KEY not in early_config.stash:
+        try:
+            paths = parser.parse_known_args(without_free_aliases(parser, args)).file_or_dir
+        except Exception:  # a bad command line: pytest reports it itself, later
+            paths = None
+        if paths is not None:
+            early_config.known_args_namespace.file_or_dir = paths
+    try:
+        yield
+    finally:
+        if ALIASES_KEY not in early_config.stash:
+            early_config.stash[ALIASES_KEY] = add_aliases(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,6 +87,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except ModelbenchUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[OPTIONS_KEY] = (options, report_options)
+    if options.allow_weak_sandbox:
+        # lazily: the sandbox loads only when the flag is given (pytest start-up)
+        from pytest_modelbench.sandbox import allow_weak_sandbox
+
+        allow_weak_sandbox()
     if options.selects_items or options.dist is not None:
         start_session(config)
 
@@ -92,17 +133,55 @@ def start_session(config: pytest.Config) -> ModelbenchSession:
     return session
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """One line in a benchmark session when a short alias belongs to another plugin."""
+    config = session.config
+    aliases = config.stash.get(ALIASES_KEY, None)
+    line = aliases.warning() if aliases is not None else None
+    if line is None or is_worker(config) or config.pluginmanager.get_plugin(SESSION_PLUGIN) is None:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line, yellow=True)
+
+
+def _parametrized_by_test(metafunc: pytest.Metafunc, name: str) -> bool:
+    """Whether the test itself parametrizes ``name`` (``@pytest.mark.parametrize``)."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [part.strip() for part in names.split(",")]
+        if name in names:
+            return True
+    return False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test asks for benchmark items in a session whose options selected none: start the
     session now; it reports what is missing (registered during this call, it is called
-    directly for this test)."""
+    directly for this test). A test that parametrizes ``mb_item`` itself is a project's own
+    test, not a benchmark item."""
     config = metafunc.config
     if (
         "mb_item" in metafunc.fixturenames
         and config.pluginmanager.get_plugin(SESSION_PLUGIN) is None
+        and not _parametrized_by_test(metafunc, "mb_item")
     ):
         start_session(config).pytest_generate_tests(metafunc)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``-k`` matches a benchmark item's id as written: pytest escapes non-ASCII in node ids
+    (``médqa`` → ``m\\xe9dqa``), so the id itself is added to the item's keywords."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        planned = callspec.params.get("mb_item") if callspec is not None else None
+        item_id = getattr(planned, "item_id", None)
+        if isinstance(item_id, str) and not item_id.isascii():
+            item.extra_keyword_matches.add(item_id)
 
 
 @pytest.hookimpl(trylast=True)
@@ -144,7 +223,18 @@ def mb_eval(request: pytest.FixtureRequest, mb_item: Any) -> Iterator[EvalResult
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: one worker per free GPU group when this session serves models itself."""
+    """``-n auto``: one worker per free GPU group when this session serves models itself.
+
+    xdist asks in ``pytest_cmdline_main``, before ``pytest_configure``: the options are
+    parsed and the session started here then (``pytest_configure`` finds it started)."""
+    if OPTIONS_KEY not in config.stash:
+        try:
+            options = (RunOptions.from_config(config), ReportOptions.from_config(config))
+        except ModelbenchUsageError:
+            return None  # pytest_configure reports it
+        config.stash[OPTIONS_KEY] = options
+        if options[0].selects_items:
+            start_session(config)
     session = config.pluginmanager.get_plugin(SESSION_PLUGIN)
     if session is None or not session.active:
         return None
@@ -156,7 +246,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if not served:
         return None
     # lazily: loaded only when the hook runs (pytest start-up)
-    from pytest_modelbench.serving.gpus import auto_num_workers
+    from pytest_modelbench.serving.gpus import GpuWarning, auto_num_workers
 
     per_server = max((i.model.serve.gpus if i.model.serve else 1) for i in served)
-    return auto_num_workers(max(1, per_server))
+    with warnings.catch_warnings():  # a busy GPU: each worker's claim says so in the summary
+        warnings.simplefilter("ignore", GpuWarning)
+        return auto_num_workers(max(1, per_server))

@@ -31,48 +31,81 @@ class Option:
     def ini(self) -> str:
         return f"modelbench_{self.dest}"
 
+    @property
+    def alias(self) -> str | None:
+        """The short spelling (``--model`` for ``--mb-model``), added only while no one owns it."""
+        return "--" + self.flag.removeprefix("--mb-") if self.dest in ALIASED else None
 
+
+# options that also get a short alias (--model, --env, ...) when no other plugin or initial
+# conftest has registered that name (see add_aliases)
+ALIASED = frozenset(
+    {
+        "model",
+        "api_base_url",
+        "env",
+        "gpus",
+        "seeds",
+        "force",
+        "run_id",
+        "run_dir",
+        "run_name",
+        "restart",
+        "num_examples",
+        "env_args",
+        "sampling_args",
+        "max_concurrent",
+        "update_baselines",
+        "baseline_run",
+        "require_baseline",
+        "no_auto_resume",
+    }
+)
 PROGRESS_MODES = ("auto", "tty", "lines", "off")
 DIST_MODES = ("modelbench", "off")
 CORRECTIONS = ("none", "holm")
 TRACKER_NAMES = ("wandb", "mlflow")
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--model", "model", "models to run: NAME[,NAME], 'all', an HF id/path, or 'smoke'"),
-    Option("--api-base-url", "api_base_url", "OpenAI-compatible endpoint for the selected models"),
-    Option("--env", "env", "restrict to these environments or variant ids (comma list)"),
-    Option("--seeds", "seeds", "override seeds, e.g. 0,1,2"),
-    Option("--num-examples", "num_examples", "cap examples per variant (quick runs)", "int"),
+    Option("--mb-model", "model", "models to run: NAME[,NAME], 'all', an HF id/path, or 'smoke'"),
+    Option(
+        "--mb-api-base-url", "api_base_url", "OpenAI-compatible endpoint for the selected models"
+    ),
+    Option("--mb-env", "env", "restrict to these environments or variant ids (comma list)"),
+    Option("--mb-seeds", "seeds", "override seeds, e.g. 0,1,2"),
+    Option("--mb-num-examples", "num_examples", "cap examples per variant (quick runs)", "int"),
     Option(
         "--mb-config", "mb_config", "run exactly the jobs of this job file (configs/job-*.yaml)"
     ),
     Option(
-        "--run-dir",
+        "--mb-run-dir",
         "run_dir",
         "parent directory of run directories, relative to the rootdir (default: runs)",
     ),
-    Option("--run-id", "run_id", "run directory name (default: <run name>-<timestamp>)"),
+    Option("--mb-run-id", "run_id", "run directory name (default: <run name>-<timestamp>)"),
     Option(
-        "--run-name",
+        "--mb-run-name",
         "run_name",
         "run name recorded in the manifest (default: the job name or 'run')",
     ),
-    Option("--force", "force", "recompute selected items even if finished results exist", "flag"),
     Option(
-        "--no-auto-resume",
+        "--mb-force", "force", "recompute selected items even if finished results exist", "flag"
+    ),
+    Option(
+        "--mb-no-auto-resume",
         "no_auto_resume",
         "start a new run directory instead of continuing the latest",
         "flag",
     ),
-    Option("--restart", "restart", "seed a new run from finished items of RUN_ID"),
-    Option("--env-args", "env_args", "JSON object merged into every variant's env_args"),
+    Option("--mb-restart", "restart", "seed a new run from finished items of RUN_ID"),
+    Option("--mb-env-args", "env_args", "JSON object merged into every variant's env_args"),
     Option(
-        "--sampling-args", "sampling_args", "JSON object merged into every item's sampling args"
+        "--mb-sampling-args", "sampling_args", "JSON object merged into every item's sampling args"
     ),
-    Option("--max-concurrent", "max_concurrent", "requests in flight per item", "int"),
+    Option("--mb-max-concurrent", "max_concurrent", "requests in flight per item", "int"),
     Option("--mb-timeout", "request_timeout", "per-request timeout in seconds", "float"),
     Option(
-        "--update-baselines", "update_baselines", "write this run's scores as baselines", "flag"
+        "--mb-update-baselines", "update_baselines", "write this run's scores as baselines", "flag"
     ),
     Option(
         "--mb-replace-baselines",
@@ -81,10 +114,12 @@ OPTIONS: tuple[Option, ...] = (
         "flag",
     ),
     Option(
-        "--baseline-run", "baseline_run", "paired comparison against this run's per-example results"
+        "--mb-baseline-run",
+        "baseline_run",
+        "paired comparison against this run's per-example results",
     ),
-    Option("--require-baseline", "require_baseline", "items without a baseline fail", "flag"),
-    Option("--gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)"),
+    Option("--mb-require-baseline", "require_baseline", "items without a baseline fail", "flag"),
+    Option("--mb-gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)"),
     Option(
         "--mb-error-budget",
         "error_budget",
@@ -96,6 +131,15 @@ OPTIONS: tuple[Option, ...] = (
         "correction",
         "multiple-comparison correction across gated items: none|holm",
         choices=CORRECTIONS,
+    ),
+    Option(
+        "--mb-allow-weak-sandbox",
+        "allow_weak_sandbox",
+        "run humaneval/mbpp even where the Python audit hook is the only isolation for "
+        "generated code (no bubblewrap, no user namespaces): not a security boundary, the code "
+        "can read your files and the benchmark's answers, reach the network and keep state "
+        "between runs",
+        "flag",
     ),
     Option(
         "--mb-dist",
@@ -149,28 +193,121 @@ _BY_DEST = {option.dest: option for option in OPTIONS}
 INI_CONFIG_DIR = "modelbench_configs"
 
 
+GROUP = "modelbench"
+ALIASES_KEY = pytest.StashKey["Aliases"]()
+
+
+@dataclass(frozen=True)
+class Aliases:
+    """Which short aliases this pytest process registered, and which others had taken."""
+
+    added: frozenset[str]  # dests whose short alias is ours (--model)
+    taken: tuple[str, ...]  # short aliases another plugin or conftest owns, e.g. ("--env",)
+
+    def warning(self) -> str | None:
+        """The one line a benchmark session prints when an alias is someone else's."""
+        if not self.taken:
+            return None
+        spelled = ", ".join(
+            f"{option.alias} (use {option.flag})"
+            for option in OPTIONS
+            if option.alias in self.taken
+        )
+        return f"modelbench: another plugin or conftest.py owns {spelled}"
+
+
+def _argument(option: Option) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"dest": f"mb_{option.dest}", "help": option.help}
+    if option.kind == "flag":
+        kwargs.update(action="store_true", default=None)
+    else:
+        metavar = option.metavar or (
+            option.dest.split("_")[-1]
+            if option.dest.startswith(("progress", "report"))
+            else option.dest
+        )
+        kwargs.update(action="store", default=None, metavar=metavar.upper())
+    return kwargs
+
+
 def add_options(parser: pytest.Parser) -> None:
     """Register options in a 'modelbench' group, each also settable as ``modelbench_<dest>`` ini.
 
-    No option takes a name another plugin commonly owns (``--timeout`` is pytest-timeout's):
+    Every option is ``--mb-<name>``: no other plugin owns those. The short aliases users type
+    (``--model``) come later, from :func:`add_aliases`, only where they are still free:
     argparse refuses a second registration, which would stop every pytest session.
     """
-    group = parser.getgroup("modelbench", "LLM benchmarks as tests")
+    group = parser.getgroup(GROUP, "LLM benchmarks as tests")
     for option in OPTIONS:
-        kwargs: dict[str, Any] = {"dest": f"mb_{option.dest}", "help": option.help}
-        if option.kind == "flag":
-            kwargs.update(action="store_true", default=None)
-        else:
-            metavar = option.metavar or (
-                option.dest.split("_")[-1]
-                if option.dest.startswith(("progress", "report"))
-                else option.dest
-            )
-            kwargs.update(action="store", default=None, metavar=metavar.upper())
-        group.addoption(option.flag, **kwargs)
+        group.addoption(option.flag, **_argument(option))
         ini_type: Literal["bool", "string"] = "bool" if option.kind == "flag" else "string"
         parser.addini(option.ini, f"default for {option.flag}", type=ini_type, default=None)
     parser.addini(INI_CONFIG_DIR, "configuration directory (default: configs)", default="configs")
+
+
+def _registered_names(parser: pytest.Parser) -> set[str]:
+    """Every option string registered so far (pytest's Parser has no public listing)."""
+    # private attributes: pytest has no public API that lists the registered options
+    groups = [parser._anonymous, *parser._groups]
+    return {name for group in groups for argument in group.options for name in argument.names()}
+
+
+def add_aliases(parser: pytest.Parser) -> Aliases:
+    """Add each short alias (``--model`` for ``--mb-model``) that no one registered before.
+
+    Called once every plugin and initial conftest has added its options, just before pytest
+    parses the command line, so a neighbour's ``--model`` or ``--env`` stays theirs.
+    """
+    taken_names = _registered_names(parser)
+    group = parser.getgroup(GROUP)
+    added: set[str] = set()
+    taken: list[str] = []
+    for option in OPTIONS:
+        if option.alias is None:
+            continue
+        if option.alias in taken_names:
+            taken.append(option.alias)
+            continue
+        kwargs = _argument(option)
+        kwargs["help"] = f"short for {option.flag}"
+        group.addoption(option.alias, **kwargs)
+        added.add(option.dest)
+    return Aliases(frozenset(added), tuple(taken))
+
+
+def without_free_aliases(parser: pytest.Parser, args: list[str]) -> list[str]:
+    """``args`` less the short aliases no one has registered yet, with their values: what
+    pytest's early parse should see, before :func:`add_aliases` registers them (else the
+    value of ``--run-id ..`` would be taken for a directory to load conftests from)."""
+    registered = _registered_names(parser)
+    takes_value = {
+        option.alias: option.kind != "flag"
+        for option in OPTIONS
+        if option.alias is not None and option.alias not in registered
+    }
+    kept: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == "--":
+            kept.extend(args[i:])
+            break
+        elif arg in takes_value:
+            skip = takes_value[arg]
+        elif arg.split("=", 1)[0] not in takes_value:
+            kept.append(arg)
+    return kept
+
+
+def flag_name(config: pytest.Config, dest: str) -> str:
+    """The spelling of an option to show the user: its short alias where it is ours."""
+    option = _BY_DEST[dest]
+    stash = getattr(config, "stash", None)  # a stand-in config without one: the --mb- name
+    aliases = stash.get(ALIASES_KEY, None) if stash is not None else None
+    if option.alias is not None and aliases is not None and dest in aliases.added:
+        return option.alias
+    return option.flag
 
 
 def _raw(config: pytest.Config, dest: str) -> Any:
@@ -186,63 +323,55 @@ def _raw(config: pytest.Config, dest: str) -> Any:
             value = None
     if isinstance(value, str) and not is_text(value):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: {shown_value(value)} contains a NUL or a byte that is not UTF-8"
+            f"{flag_name(config, dest)}: {shown_value(value)} contains a NUL or a byte that is not UTF-8"
         )
     return value
-
-
-def _flag_name(dest: str) -> str:
-    return _BY_DEST[dest].flag
 
 
 _MAX_INT = 2**63 - 1
 
 
-def _as_number(dest: str, value: Any, kind: type[int] | type[float], minimum: float) -> Any:
+def _as_number(flag: str, value: Any, kind: type[int] | type[float], minimum: float) -> Any:
     if value is None:
         return None
     try:
         number = kind(value)
     except (TypeError, ValueError):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected {'an integer' if kind is int else 'a number'}, "
+            f"{flag}: expected {'an integer' if kind is int else 'a number'}, "
             f"got {shown_value(value)}"
         ) from None
     if kind is float and not math.isfinite(number):
-        raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected a finite number, got {shown_value(value)}"
-        )
+        raise ModelbenchUsageError(f"{flag}: expected a finite number, got {shown_value(value)}")
     if number < minimum:
-        raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: must be >= {minimum}, got {shown_value(value)}"
-        )
+        raise ModelbenchUsageError(f"{flag}: must be >= {minimum}, got {shown_value(value)}")
     if kind is int and number > _MAX_INT:
-        raise ModelbenchUsageError(f"{_flag_name(dest)}: must be < 2**63, got {shown_value(value)}")
+        raise ModelbenchUsageError(f"{flag}: must be < 2**63, got {shown_value(value)}")
     return number
 
 
-def _as_json_object(dest: str, value: Any) -> dict[str, Any]:
+def _as_json_object(flag: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: invalid JSON {shown_value(value)}: {exc.msg} at column {exc.colno} "
+            f"{flag}: invalid JSON {shown_value(value)}: {exc.msg} at column {exc.colno} "
             f"(expected an object, e.g. '{{\"temperature\": 0.5}}'; quote keys with double quotes)"
         ) from None
     except (ValueError, RecursionError) as exc:  # digits past Python's limit, deep nesting
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: unusable JSON {shown_value(value)}: {reason}"
+            f"{flag}: unusable JSON {shown_value(value)}: {reason}"
         ) from None
     # lazily: the pydantic schema loads only when this option is given (pytest start-up)
     from pytest_modelbench.config.loading import check_shape
 
-    check_shape(parsed, _flag_name(dest))
+    check_shape(parsed, flag)
     if not isinstance(parsed, dict):
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: expected a JSON object like '{{\"key\": 1}}', got {shown_value(value)}"
+            f"{flag}: expected a JSON object like '{{\"key\": 1}}', got {shown_value(value)}"
         )
     return parsed
 
@@ -253,10 +382,10 @@ def _as_list(value: Any) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(value).split(",") if part.strip())
 
 
-def _as_seeds(value: Any) -> tuple[int, ...] | None:
+def _as_seeds(flag: str, value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
-    wrong = f"--seeds: expected comma-separated integers like 0,1,2, got {shown_value(value)}"
+    wrong = f"{flag}: expected comma-separated integers like 0,1,2, got {shown_value(value)}"
     try:
         seeds = tuple(int(part) for part in _as_list(value))
     except ValueError:
@@ -267,12 +396,12 @@ def _as_seeds(value: Any) -> tuple[int, ...] | None:
 
 
 _EMPTY_HINT = {
-    "model": "give a model name (--model NAME[,NAME]), --model all or --model smoke",
-    "env": "give environment names (--env gsm8k,medqa), or leave --env out to run every environment",
+    "model": "give a model name ({flag} NAME[,NAME]), {flag} all or {flag} smoke",
+    "env": "give environment names ({flag} gsm8k,medqa), or leave {flag} out to run every environment",
 }
 
 
-def _as_names(dest: str, value: Any) -> tuple[str, ...]:
+def _as_names(flag: str, dest: str, value: Any) -> tuple[str, ...]:
     """A comma list of names (``--model``, ``--env``): printable, each a usable path too.
 
     An empty list given explicitly (``--env "$UNSET_VARIABLE"``) is a mistake, not "no filter".
@@ -280,16 +409,14 @@ def _as_names(dest: str, value: Any) -> tuple[str, ...]:
     names = _as_list(value)
     if value is not None and not names:
         raise ModelbenchUsageError(
-            f"{_flag_name(dest)}: empty value {shown_value(value)}; {_EMPTY_HINT[dest]}"
+            f"{flag}: empty value {shown_value(value)}; {_EMPTY_HINT[dest].format(flag=flag)}"
         )
     for name in names:
         if not name.isprintable():
-            raise ModelbenchUsageError(
-                f"{_flag_name(dest)}: {shown_value(name)} contains a control character"
-            )
+            raise ModelbenchUsageError(f"{flag}: {shown_value(name)} contains a control character")
         if any(len(part.encode()) > 255 for part in name.split("/")):
             raise ModelbenchUsageError(
-                f"{_flag_name(dest)}: {shown_value(name)} is not a name, HF id or path "
+                f"{flag}: {shown_value(name)} is not a name, HF id or path "
                 "(a path component is longer than 255 bytes)"
             )
     return names
@@ -299,20 +426,20 @@ def _as_names(dest: str, value: Any) -> tuple[str, ...]:
 _RUN_ID = re.compile(r"[A-Za-z0-9_+=-]([A-Za-z0-9._+=-]{0,118}[A-Za-z0-9_+=-])?")
 
 
-def _as_run_id(value: Any) -> str | None:
+def _as_run_id(flag: str, value: Any) -> str | None:
     """``--run-id``: one directory name under the run directory, never a path out of it."""
     if value is None:
         return None
     if not _RUN_ID.fullmatch(str(value)):
         raise ModelbenchUsageError(
-            f"--run-id: {shown_value(value)} is not a run directory name; use letters, digits "
+            f"{flag}: {shown_value(value)} is not a run directory name; use letters, digits "
             "and ._+=- (one path component, not starting or ending with '.', at most 120 "
-            "characters), e.g. --run-id nightly-2026-01-20"
+            f"characters), e.g. {flag} nightly-2026-01-20"
         )
     return str(value)
 
 
-def _as_url(value: Any) -> str | None:
+def _as_url(flag: str, value: Any) -> str | None:
     if value is None:
         return None
     # lazily: the pydantic schema loads only when this option is given (pytest start-up)
@@ -321,10 +448,10 @@ def _as_url(value: Any) -> str | None:
     try:
         return check_url(str(value))
     except ValueError as exc:
-        raise ModelbenchUsageError(f"--api-base-url: {exc}, got {shown_value(value)}") from None
+        raise ModelbenchUsageError(f"{flag}: {exc}, got {shown_value(value)}") from None
 
 
-def _as_gpus(value: Any) -> str | None:
+def _as_gpus(flag: str, value: Any) -> str | None:
     """``--gpus`` checked now (it is used only when a worker starts a server)."""
     if value is None:
         return None
@@ -332,7 +459,7 @@ def _as_gpus(value: Any) -> str | None:
     from pytest_modelbench.config.gpulist import GpuSpecError, parse_gpu_list
 
     try:
-        parse_gpu_list(str(value), "--gpus")
+        parse_gpu_list(str(value), flag)
     except GpuSpecError as exc:
         raise ModelbenchUsageError(str(exc)) from None
     return str(value)
@@ -367,6 +494,7 @@ class RunOptions:
     error_budget: float
     correction: str
     dist: str | None  # --mb-dist: None decides by the run (see pytest_modelbench.scheduling)
+    allow_weak_sandbox: bool = False  # --mb-allow-weak-sandbox
 
     @property
     def selects_items(self) -> bool:
@@ -376,6 +504,10 @@ class RunOptions:
     @classmethod
     def from_config(cls, config: pytest.Config) -> RunOptions:
         root = config.rootpath
+
+        def flag(dest: str) -> str:
+            return flag_name(config, dest)
+
         config_dir = Path(str(config.getini(INI_CONFIG_DIR) or "configs"))
         job = _raw(config, "mb_config")
         correction = str(_raw(config, "correction") or "none")
@@ -383,39 +515,42 @@ class RunOptions:
             raise ModelbenchUsageError(
                 f"--mb-correction: expected 'none' or 'holm', got {shown_value(correction)}"
             )
-        budget = _as_number("error_budget", _raw(config, "error_budget"), float, 0.0)
+        budget = _as_number("--mb-error-budget", _raw(config, "error_budget"), float, 0.0)
         if budget is not None and budget > 1:
             raise ModelbenchUsageError(
                 f"--mb-error-budget: expected a fraction in [0, 1], got {budget:g}"
             )
         return cls(
             config_dir=config_dir if config_dir.is_absolute() else root / config_dir,
-            models=_as_names("model", _raw(config, "model")),
-            api_base_url=_as_url(_raw(config, "api_base_url")),
-            envs=_as_names("env", _raw(config, "env")),
-            seeds=_as_seeds(_raw(config, "seeds")),
-            num_examples=_as_number("num_examples", _raw(config, "num_examples"), int, 1),
+            models=_as_names(flag("model"), "model", _raw(config, "model")),
+            api_base_url=_as_url(flag("api_base_url"), _raw(config, "api_base_url")),
+            envs=_as_names(flag("env"), "env", _raw(config, "env")),
+            seeds=_as_seeds(flag("seeds"), _raw(config, "seeds")),
+            num_examples=_as_number(flag("num_examples"), _raw(config, "num_examples"), int, 1),
             job_file=Path(job) if job else None,
             run_dir=Path(str(_raw(config, "run_dir") or "runs")),
-            run_id=_as_run_id(_raw(config, "run_id")),
+            run_id=_as_run_id(flag("run_id"), _raw(config, "run_id")),
             run_name=_raw(config, "run_name"),
             force=bool(_raw(config, "force")),
             auto_resume=not bool(_raw(config, "no_auto_resume")),
             restart=_raw(config, "restart"),
-            env_args=_as_json_object("env_args", _raw(config, "env_args")),
-            sampling_args=_as_json_object("sampling_args", _raw(config, "sampling_args")),
-            max_concurrent=_as_number("max_concurrent", _raw(config, "max_concurrent"), int, 1),
+            env_args=_as_json_object(flag("env_args"), _raw(config, "env_args")),
+            sampling_args=_as_json_object(flag("sampling_args"), _raw(config, "sampling_args")),
+            max_concurrent=_as_number(
+                flag("max_concurrent"), _raw(config, "max_concurrent"), int, 1
+            ),
             request_timeout=_as_number(
-                "request_timeout", _raw(config, "request_timeout"), float, 0.001
+                flag("request_timeout"), _raw(config, "request_timeout"), float, 0.001
             ),
             update_baselines=bool(_raw(config, "update_baselines")),
             replace_baselines=bool(_raw(config, "replace_baselines")),
             baseline_run=_raw(config, "baseline_run"),
             require_baseline=bool(_raw(config, "require_baseline")),
-            gpus=_as_gpus(_raw(config, "gpus")),
+            gpus=_as_gpus(flag("gpus"), _raw(config, "gpus")),
             error_budget=0.05 if budget is None else budget,
             correction=correction,
             dist=_as_dist(_raw(config, "dist")),
+            allow_weak_sandbox=bool(_raw(config, "allow_weak_sandbox")),
         )
 
 

@@ -56,6 +56,12 @@ class ModelSpec(_Strict):
     max_retries: int = Field(default=6, ge=0)
     retry_backoff: float = Field(default=0.5, ge=0, description="first retry delay in seconds")
     sampling_args: JSONDict = Field(default_factory=dict)
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="token budget per reply that wins over the environments' max_tokens "
+        "(a reasoning model's thinking counts against it); --sampling-args still wins",
+    )
     serve: ServeSpec | None = None
     checkpoints: str | None = None
     solutions: str | list[str] | dict[str, str | list[str]] | None = Field(
@@ -155,11 +161,11 @@ class BaselineEntrySpec(_Strict):
     """One environment's baseline in ``baselines/<model>.yaml``."""
 
     metric: str | None = None
-    value: float | None = None
-    min: float | None = None
-    margin: float = Field(default=0.0, ge=0)
+    value: float | None = Field(default=None, allow_inf_nan=False)
+    min: float | None = Field(default=None, allow_inf_nan=False)
+    margin: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     n: int | None = Field(default=None, ge=1)
-    stderr: float | None = Field(default=None, ge=0)
+    stderr: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     run: str | None = None
     source: str | None = None
     alpha: float | None = Field(default=None, gt=0, lt=1)
@@ -180,6 +186,12 @@ class BaselineEntrySpec(_Strict):
     def _has_a_rule(self) -> BaselineEntrySpec:
         if self.value is None and self.min is None and self.run is None:
             raise ValueError("needs one of 'value' (with optional 'margin'), 'min' or 'run'")
+        if self.value is not None and 0 < self.value <= 1 and self.margin >= self.value:
+            # a fraction's baseline minus a margin at or past 0: the gate could never fail
+            raise ValueError(
+                f"margin {self.margin:g} is not below value {self.value:g}, so no score could "
+                f"fail the gate; use a margin below {self.value:g} (the largest drop tolerated)"
+            )
         return self
 
 

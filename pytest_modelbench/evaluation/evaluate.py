@@ -341,6 +341,9 @@ class ItemEvaluator:
         except EvaluationError as exc:
             item_store.fail(str(exc))
             raise
+        except BaseException:  # pytest-timeout's Failed, Ctrl-C: the entry is not left "running"
+            item_store.interrupted()
+            raise
         wall = time.time() - started
         seconds, estimated = _whole_item_seconds(wall, summary)
         over_budget = summary["error_rate"] > self.options.error_budget

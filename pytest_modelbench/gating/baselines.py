@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 import subprocess
 import warnings
 from collections import defaultdict
@@ -166,13 +167,18 @@ def update_baselines(
     run_id: str,
     *,
     replace: bool = False,
+    errors: list[str] | None = None,
 ) -> list[Path]:
-    """Write this run's scores as baselines, one file per model, keeping comments and other entries.
+    """Write this run's scores as baselines, one file per model, keeping comments and other entries;
+    returns the files written.
 
     Several seeds of one variant are averaged (their n summed). An entry measured on more
     examples than this run is kept (with a warning) unless ``replace`` (``--mb-replace-baselines``).
+    A file that cannot be read or written (a read-only ``configs/``) is one line in ``errors``
+    (a :class:`BaselineWarning` without it); the other files are still written.
     """
     from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
 
     yaml = YAML()
     yaml.preserve_quotes = True
@@ -184,8 +190,18 @@ def update_baselines(
     today = _dt.date.today().isoformat()
     for model, variants in sorted(by_model.items()):
         path = baseline_dir / f"{safe_component(model)}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        document = (yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None) or {}
+        try:
+            document = (
+                yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
+            ) or {}
+        except (OSError, YAMLError) as exc:
+            reason = (
+                exc.strerror
+                if isinstance(exc, OSError)
+                else f"not valid YAML ({getattr(exc, 'problem', None) or exc})"
+            )
+            _not_written(path, f"cannot read it: {reason}", errors)
+            continue
         for variant, recs in sorted(variants.items()):
             values = [r.score for r in recs if r.score is not None]
             n = sum(r.n for r in recs)
@@ -218,9 +234,26 @@ def update_baselines(
 
         buffer = io.StringIO()
         yaml.dump(document, buffer)
-        atomic_write_text(path, buffer.getvalue())
+        try:
+            atomic_write_text(path, buffer.getvalue())  # creates baseline_dir when missing
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            _not_written(path, f"cannot write it: {reason}", errors)
+            continue
         written.append(path)
     return written
+
+
+def _not_written(path: Path, reason: str, errors: list[str] | None) -> None:
+    line = (
+        f"--update-baselines: {display_path(path)} not updated, {reason}; make "
+        f"{display_path(path.parent)} writable and re-run the same command (finished items are "
+        "reused, so only the baselines are written)"
+    )
+    if errors is None:
+        warnings.warn(BaselineWarning(line), stacklevel=3)
+    else:
+        errors.append(line)
 
 
 def _keeps_larger(entry: Mapping[str, Any], n: int, replace: bool, shown: str, key: str) -> bool:

@@ -34,7 +34,10 @@ class PlannedItem:
 
     def sampling_args(self) -> dict[str, Any]:
         """Model sampling args, overridden by the variant's (CLI overrides are already merged)."""
-        return {**self.model.sampling_args, **self.variant.sampling_args}
+        args = {**self.model.sampling_args, **self.variant.sampling_args}
+        if self.model.max_tokens is not None:  # the model's budget beats the environment's
+            args["max_tokens"] = self.model.max_tokens
+        return args
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,15 @@ _STEP = re.compile(r"(\d+)(?!.*\d)")
 def expand_checkpoints(name: str, spec: ModelSpec) -> list[tuple[str, ModelSpec]]:
     """``checkpoints: <glob>`` → one model per checkpoint in numeric step order (``<name>-step<N>``)."""
     assert spec.checkpoints is not None
-    paths = sorted(glob.glob(os.path.expanduser(spec.checkpoints)))
+    matched = sorted(glob.glob(os.path.expanduser(spec.checkpoints)))
+    # a checkpoint is a directory: step100.log or a stray step200.tar beside them is not one
+    paths = [path for path in matched if os.path.isdir(path)]
     if not paths:
+        files = f" (only files: {listed(matched)})" if matched else ""
         raise ModelbenchUsageError(
-            f"models.{name}.checkpoints: the pattern {spec.checkpoints!r} matches nothing; "
-            "check the path (globs like /data/run7/checkpoints/step* are expanded by modelbench)"
+            f"models.{name}.checkpoints: the pattern {spec.checkpoints!r} matches no "
+            f"checkpoint directory{files}; check the path (globs like "
+            "/data/run7/checkpoints/step* are expanded by modelbench)"
         )
     stepped: list[tuple[int, str]] = []
     for path in paths:
@@ -206,6 +210,8 @@ def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
         update["timeout"] = options.request_timeout
     if options.sampling_args:
         update["sampling_args"] = {**spec.sampling_args, **options.sampling_args}
+        if "max_tokens" in options.sampling_args:
+            update["max_tokens"] = None  # --sampling-args beats the model's budget too
     return spec.model_copy(update=update) if update else spec
 
 
@@ -213,7 +219,10 @@ def _variants_for(
     config: ConfigSet,
     selectors: Sequence[str],
     check_module: Callable[[str, str], None],
+    where: Callable[[str], str] = lambda selector: f"--env {selector!r}",
 ) -> list[Variant]:
+    """The variants the selectors name (env file names, variant ids or modules); ``where``
+    names a selector's origin in messages (``--env x``, ``configs/job-n.yaml: jobs[1].env 'x'``)."""
     all_variants: dict[str, list[Variant]] = {}
     for env, specs in config.envs.items():
         shown = display_path(config.env_paths[env])
@@ -235,12 +244,33 @@ def _variants_for(
             missing = missing_name(selector)
             if missing is not None:
                 raise ModelbenchUsageError(
-                    f"--env {selector!r}: no name after {selector!r}; {missing}"
+                    f"{where(selector)}: no name after {selector!r}; {missing}"
                 )
-            check_module(selector, f"--env {selector}")
+            try:
+                check_module(selector, where(selector))
+            except ModelbenchUsageError as exc:
+                if ":" in selector:  # a backend module: its own message (extra missing, ...)
+                    raise
+                as_module = str(exc).removeprefix(f"{where(selector)}: ")
+                raise ModelbenchUsageError(
+                    f"{where(selector)}: {selector!r} is not an environment file in "
+                    f"{display_path(config.root / 'envs')} ({one_of(all_variants)}) nor a variant "
+                    f"id{did_you_mean(selector, [*all_variants, *by_id])}"
+                    f"{_ids_hint(config, all_variants, selector)}; as a module: {as_module}"
+                ) from None
             spec = EnvVariantSpec(id=selector_id(selector), module=selector)
             chosen.extend(expand_variants(selector, spec, config.root / "envs", "--env"))
     return chosen  # a variant two selectors name is planned once, with a note (_items)
+
+
+def _ids_hint(config: ConfigSet, all_variants: Mapping[str, list[Variant]], selector: str) -> str:
+    """``; configs/envs/medqa.yaml has variant ids medqa, medqa-shuffled`` for a selector that
+    starts with an environment file's name (``--env medqa-5shot``)."""
+    for env in sorted(all_variants, key=len, reverse=True):
+        if selector.startswith(env):
+            ids = ", ".join(v.id for v in all_variants[env])
+            return f"; {display_path(config.env_paths[env])} has variant ids {ids}"
+    return ""
 
 
 def selector_id(selector: str) -> str:
@@ -320,10 +350,18 @@ def _job_pairs(
         pairs.append(
             (
                 _select_models([entry.model], models, options, source),
-                _variants_for(config, envs, check_module) if envs else [],
+                _variants_for(config, envs, check_module, _job_env_place(options, index))
+                if envs
+                else [],
             )
         )
     return pairs
+
+
+def _job_env_place(options: RunOptions, index: int) -> Callable[[str], str]:
+    """How messages name an ``env`` of the job file's ``index``-th job."""
+    job = display_path(options.job_file or Path())
+    return lambda selector: f"{job}: jobs[{index}].env {selector!r}"
 
 
 def _count(number: int, noun: str) -> str:

@@ -235,7 +235,12 @@ def gate_paragraph(item: ItemRecord) -> str:
         f"{_ci(item.ci_low, item.ci_high)}: {item.verdict or 'not gated'}"
     )
     failed = " mb-failed" if item.failed else ""
-    return f'<p class="mb-gate{failed}">{escape(text)}</p>'
+    sandbox = (
+        f'<p class="mb-sandbox">generated code ran in the sandbox: {escape(item.sandbox)}</p>'
+        if item.sandbox
+        else ""
+    )
+    return f'<p class="mb-gate{failed}">{escape(text)}</p>{sandbox}'
 
 
 def examples_table(examples: Sequence[Example], limit: int) -> str:

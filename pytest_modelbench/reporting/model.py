@@ -56,6 +56,7 @@ class ItemRecord:
     errors: int = 0
     truncated: int = 0  # replies cut off by max_tokens (finish_reason length)
     truncated_in_reasoning: int = 0  # of those, cut off before any answer
+    sandbox: str = ""  # code suites: how generated code was isolated (bwrap, namespaces, ...)
     baseline: float | None = None
     delta: float | None = None
     p_value: float | None = None
@@ -97,6 +98,14 @@ class ItemRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def _sandbox_text(sandbox: Any) -> str:
+    """``namespaces`` / ``bwrap``, or ``audit-hook (not isolated)``, from ``summary.json``."""
+    if not isinstance(sandbox, Mapping) or not sandbox.get("isolation"):
+        return ""
+    level = str(sandbox["isolation"])
+    return level if sandbox.get("full") else f"{level} (not isolated)"
+
+
 def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str, Any]:
     """Score, CI, n, tokens, duration from an item's ``summary.json``."""
     if not summary:
@@ -114,6 +123,7 @@ def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str,
         "errors": _int(summary.get("errors")),
         "truncated": _int(summary.get("truncated")),
         "truncated_in_reasoning": _int(summary.get("truncated_in_reasoning")),
+        "sandbox": _sandbox_text(summary.get("sandbox")),
         "duration_s": _float(summary.get("duration_s")),
         "prompt_tokens": _int(tokens.get("prompt")),
         "completion_tokens": _int(tokens.get("completion")),

@@ -10,6 +10,7 @@ failures are swallowed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+
+from pytest_modelbench.store.files import atomic_write_text
 
 PROGRESS_SCHEMA_VERSION = 1
 
@@ -200,13 +203,9 @@ class FileProgress(RecordingProgress):
             "pid": os.getpid(),
             "items": [snap.as_dict() for snap in self.snapshot()],
         }
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # a full disk must not fail the evaluation; the display just lags
+        # a full disk must not fail the evaluation (the display just lags); no .tmp is left
+        with contextlib.suppress(OSError):
+            atomic_write_text(self.path, json.dumps(data), durable=False)
 
 
 def read_progress_dir(directory: Path) -> list[ItemSnapshot]:

@@ -72,6 +72,10 @@ class NoFreeGpuError(ServingError):
     """GPUs exist, but not enough of them are free for one server."""
 
 
+class GpuDiscoveryError(ServingError):
+    """The node has GPUs whose report modelbench cannot read: an error, never a silent CPU run."""
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One physical GPU: its id as ``CUDA_VISIBLE_DEVICES`` takes it, and memory in use."""
@@ -187,20 +191,89 @@ class NvidiaSmiProvider:
         return self.parse(proc.stdout)
 
     @staticmethod
-    def parse(text: str) -> list[Gpu] | None:
-        gpus = []
+    def parse(text: str) -> list[Gpu]:
+        """``index, uuid, memory.used`` rows; a memory that is not a number (``[N/A]`` on MIG
+        GPUs, ``[Unknown Error]``) is unknown, not zero. Other lines (driver notices) warn and
+        are skipped; output without one readable row is a :class:`GpuDiscoveryError`."""
+        gpus: list[Gpu] = []
+        odd: list[str] = []
         for line in text.splitlines():
             if not line.strip():
                 continue
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) != 3 or not parts[0].isdigit():
-                warnings.warn(
-                    GpuWarning(f"unexpected nvidia-smi line {line!r}; ignored"), stacklevel=2
-                )
-                return None
-            used = int(parts[2]) if parts[2].isdigit() else None  # "[N/A]" on some MIG setups
-            gpus.append(Gpu(parts[0], used, parts[1] or None))
+            row = _SMI_ROW.match(line)
+            if row is None:
+                odd.append(line.strip())
+                continue
+            index, uuid, used = row.groups()
+            gpus.append(Gpu(index, int(used) if used.isdigit() else None, uuid or None))
+        if odd and not gpus:
+            raise GpuDiscoveryError(
+                f"nvidia-smi: cannot read its output line {odd[0]!r} (expected 'index, uuid, "
+                "memory.used'); choose GPUs with --gpus 0,1 (or CUDA_VISIBLE_DEVICES), or "
+                "serve on the CPU with --gpus none"
+            )
+        for line in odd:
+            warnings.warn(GpuWarning(f"nvidia-smi line {line!r} ignored"), stacklevel=2)
         return gpus
+
+
+_SMI_ROW = re.compile(r"^\s*(\d+)\s*,\s*([^,]*?)\s*,\s*([^,]*?)\s*$")
+
+
+@dataclass
+class NvmlProvider:
+    """NVIDIA's own bindings (``nvidia-ml-py``, optional): ``None`` without them or a driver, so
+    the chain goes on to ``nvidia-smi``. A MIG-enabled GPU's memory is unknown (its instances
+    are the devices; name them with ``--gpus MIG-<uuid>``)."""
+
+    name: str = "NVML"
+
+    def gpus(self) -> list[Gpu] | None:
+        try:
+            # lazily: an optional package, loaded only when a worker claims GPUs
+            import pynvml  # type: ignore[import-not-found,unused-ignore]  # optional: no stubs
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:  # no driver, or no library: nvidia-smi says why
+            return None
+        try:
+            gpus = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                used: int | None = pynvml.nvmlDeviceGetMemoryInfo(handle).used // 2**20
+                try:
+                    if pynvml.nvmlDeviceGetMigMode(handle)[0]:
+                        used = None
+                except pynvml.NVMLError:  # not a MIG-capable GPU
+                    pass
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                gpus.append(Gpu(str(i), used, uuid if isinstance(uuid, str) else uuid.decode()))
+            return gpus
+        except pynvml.NVMLError as exc:
+            raise GpuDiscoveryError(
+                f"NVML: cannot read the node's GPUs ({exc}); choose GPUs with --gpus 0,1, or "
+                "serve on the CPU with --gpus none"
+            ) from None
+        finally:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+
+
+@dataclass
+class _HardwareProbe:
+    """NVML where ``nvidia-ml-py`` and a driver are there, else ``nvidia-smi``."""
+
+    name: str = "nvidia-smi"
+
+    def gpus(self) -> list[Gpu] | None:
+        for provider in (NvmlProvider(), NvidiaSmiProvider()):
+            found = provider.gpus()
+            if found is not None:
+                self.name = provider.name
+                return found
+        return None
 
 
 @dataclass
@@ -245,7 +318,7 @@ def discover_gpus(
 ) -> GpuInventory:
     """Walk the provider chain; restrict to the caller's CUDA_VISIBLE_DEVICES; add memory use."""
     environ = os.environ if environ is None else environ
-    probe = probe or hardware_provider(environ) or NvidiaSmiProvider()
+    probe = probe or hardware_provider(environ) or _HardwareProbe()
     visible = VisibleDevicesProvider(environ)
     chain: list[GpuProvider] = [OptionProvider(option), visible, probe, NoGpuProvider()]
     found: list[Gpu] = []
@@ -305,7 +378,23 @@ def _busy(gpu: Gpu, busy_mib: int) -> bool:
     return gpu.memory_used_mib is not None and gpu.memory_used_mib > busy_mib
 
 
+def _unknown_usage(gpu: Gpu, inventory: GpuInventory) -> bool:
+    """A GPU the hardware probe found but whose memory in use it could not read (``[N/A]`` on
+    a MIG GPU) is not known to be free; one the user named (``--gpus``) is used as named."""
+    return gpu.memory_used_mib is None and inventory.source in ("nvidia-smi", "NVML")
+
+
 def _warn_busy(gpu: Gpu, busy_mib: int) -> None:
+    if gpu.memory_used_mib is None:
+        warnings.warn(
+            GpuWarning(
+                f"GPU {gpu.id} does not report its memory in use (MIG mode?), so modelbench "
+                f"cannot tell whether it is free; skipped. Name it (--gpus {gpu.id}) or its MIG "
+                "instances (--gpus MIG-<uuid>, see nvidia-smi -L) to use it"
+            ),
+            stacklevel=3,
+        )
+        return
     warnings.warn(
         GpuWarning(
             f"GPU {gpu.id} is busy: {gpu.memory_used_mib} MiB in use by another process "
@@ -459,7 +548,7 @@ def claim(
             if lock is None:
                 taken.append(gpu.id)
                 continue
-            if _busy(gpu, busy_mib):
+            if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
                 lock.release()
                 busy.append(gpu.id)
                 if gpu.id not in warned:
@@ -520,7 +609,7 @@ def auto_num_workers(
     inventory = discover_gpus(option, environ=environ, probe=probe)
     free = 0
     for gpu in inventory.gpus:
-        if _busy(gpu, busy_mib):
+        if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
             _warn_busy(gpu, busy_mib)
             continue
         if lock_dir.is_dir():

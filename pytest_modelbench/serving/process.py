@@ -17,10 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pytest_modelbench.serving.base import ServerStartError
@@ -171,6 +172,28 @@ def terminate_group(
 ReadyProbe = Callable[[str], bool]
 
 
+@contextlib.contextmanager
+def _ctrl_c_raises() -> Iterator[None]:
+    """While a blocking wait runs, SIGINT raises KeyboardInterrupt in it (Python's default).
+
+    ``asyncio.run`` replaces that handler with one that cancels its main task, which happens
+    only at the next ``await``: a server start inside the item's event loop would ignore
+    Ctrl-C until the server is ready (up to its start timeout). Outside the main thread, or
+    where SIGINT is ignored on purpose, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, signal.default_int_handler, None):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def health_probe(root_url: str) -> bool:
     """Ready when ``GET /health`` answers 200."""
     result = http_get(f"{root_url}/health")
@@ -235,20 +258,33 @@ class ServerProcess:
         return (prefix + " " if prefix else "") + shlex.join(self.argv)
 
     def start(self, deadline_s: float, port: int | None = None) -> None:
-        """Start and wait up to ``deadline_s`` seconds until ready; on failure stop and raise."""
+        """Start and wait up to ``deadline_s`` seconds until ready; on failure stop and raise.
+
+        Ctrl-C stops the starting server (its whole process group) and raises at once, even
+        when this runs inside an event loop, whose own SIGINT handler would wait for an await.
+        """
         if self.is_alive():
             raise RuntimeError(f"{self.label} is already running (pid {self.pid})")
         tries = 2  # a lost race for the port is retried once, on a fresh free port
-        for attempt in range(tries):
-            self.port = port if port is not None and attempt == 0 else free_port(self.host)
-            try:
-                self._launch()
-                self._wait_ready(deadline_s)
-                return
-            except ServerStartError:
-                port_lost = any(s in log_tail(self.log_path, 15) for s in _PORT_IN_USE)
-                if not (port_lost and attempt + 1 < tries):
-                    raise
+        try:
+            with _ctrl_c_raises():
+                for attempt in range(tries):
+                    self.port = port if port is not None and attempt == 0 else free_port(self.host)
+                    try:
+                        self._launch()
+                        self._wait_ready(deadline_s)
+                        return
+                    except ServerStartError:
+                        port_lost = any(s in log_tail(self.log_path, 15) for s in _PORT_IN_USE)
+                        if not (port_lost and attempt + 1 < tries):
+                            raise
+        except KeyboardInterrupt:
+            pid = self.pid
+            self.stop(grace_s=min(self.stop_grace_s, 1.0))  # the user is waiting: SIGKILL soon
+            raise KeyboardInterrupt(
+                f"{self.label} (pid {pid}) was starting; stopped it and its process group "
+                f"(log: {self.log_path})"
+            ) from None
 
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -259,11 +295,13 @@ class ServerProcess:
     def is_ready(self) -> bool:
         return self.is_alive() and self._ready(self.root_url)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
         """Stop the whole process group (idempotent); then the watchdog."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            terminate_group(proc.pid, self.stop_grace_s, leader=proc)
+            terminate_group(
+                proc.pid, self.stop_grace_s if grace_s is None else grace_s, leader=proc
+            )
             self._note(f"stopped (exit code {proc.poll()})")
         self._stop_watchdog()
 

@@ -60,6 +60,7 @@ class ModelbenchSession:
         self.outcomes: dict[str, str] = {}  # controller: item id -> pytest outcome
         self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
+        self.baseline_errors: list[str] = []  # --update-baselines files it could not write
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
@@ -510,6 +511,8 @@ class ModelbenchSession:
             terminalreporter.write_line(
                 "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
             )
+        for line in self.baseline_errors:
+            terminalreporter.write_line(line, red=True)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             write_markdown_summary(Path(step_summary), self.records, self._run_dir)
@@ -538,6 +541,7 @@ class ModelbenchSession:
                 self.records,
                 run_id,
                 replace=self.options.replace_baselines,
+                errors=self.baseline_errors,
             )
 
     def _apply_holm(self, session: pytest.Session) -> None:

@@ -67,12 +67,13 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
         os.replace(tmp, path)
         if durable:
             fsync_directory(path.parent)
-    except OSError as exc:
-        if not tmp:
+    except BaseException as exc:  # a full disk, text it cannot encode, Ctrl-C: no .tmp left
+        if tmp:
+            with suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError):
             raise StoreWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise StoreWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+        raise
 
 
 def fsync_directory(directory: Path) -> None:
@@ -125,10 +126,12 @@ def link_or_copy(src: Path, dst: Path, *, link: bool = True) -> None:
         else:
             shutil.copy2(src, tmp)
         os.replace(tmp, dst)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk or Ctrl-C mid-copy: no .tmp left
         with suppress(OSError):
             tmp.unlink()
-        raise StoreWriteError(exc.errno, f"cannot copy {src} to {dst}: {exc.strerror}") from exc
+        if isinstance(exc, OSError):
+            raise StoreWriteError(exc.errno, f"cannot copy {src} to {dst}: {exc.strerror}") from exc
+        raise
 
 
 def unshare(path: Path) -> None:
@@ -137,7 +140,9 @@ def unshare(path: Path) -> None:
     try:
         shutil.copy2(path, tmp)
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk or Ctrl-C mid-copy: no .tmp left
         with suppress(OSError):
             tmp.unlink()
-        raise StoreWriteError(exc.errno, f"cannot copy {path}: {exc.strerror}") from exc
+        if isinstance(exc, OSError):
+            raise StoreWriteError(exc.errno, f"cannot copy {path}: {exc.strerror}") from exc
+        raise

@@ -83,6 +83,12 @@ class ItemStore:
         with suppress(OSError, TimeoutError):
             self._manifest_fields(status="error", error=error)
 
+    def interrupted(self) -> None:
+        """Best effort, while the item is being stopped (Ctrl-C, pytest-timeout's failure):
+        its entry says ``interrupted``, never ``running`` (its journal keeps what finished)."""
+        with suppress(OSError, TimeoutError):
+            self._manifest_fields(status="interrupted")
+
     def settle(self, entry: ManifestEntry, known: Mapping[str, Any] | None) -> None:
         """Repair the manifest entry of a finished item when ``known`` (the entry as last read)
         disagrees with it: a kill can fall between the summary and the manifest writes."""

@@ -131,6 +131,9 @@ def test_a_code_suite_states_its_isolation_level(project: Project) -> None:
     assert summary["metrics"]["pass@1"]["value"] == 1.0
     assert summary["sandbox"]["isolation"] in ("bwrap", "namespaces")
     assert summary["sandbox"]["full"] is True
+    level = summary["sandbox"]["isolation"]
+    page = (run_dir / "report.html").read_text()
+    assert f"generated code ran in the sandbox: {level}<" in page
 
 
 def test_a_code_suite_refuses_the_audit_hook_alone_before_scoring(
@@ -144,3 +147,8 @@ def test_a_code_suite_refuses_the_audit_hook_alone_before_scoring(
     result.stdout.fnmatch_lines(["external-humaneval-seed0: humaneval: *--mb-allow-weak-sandbox*"])
     (run_dir,) = project.run_dirs()
     assert not (run_dir / "external-humaneval-seed0" / "results.jsonl").exists()  # nothing scored
+    accepted = project.pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "external", "--mb-allow-weak-sandbox"
+    )
+    accepted.assert_outcomes(passed=1)  # the user accepted the audit hook, and is told so
+    accepted.stdout.fnmatch_lines(["*audit*hook*"])

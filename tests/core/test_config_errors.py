@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from pytest_modelbench.config.loading import load_baseline_file
+from pytest_modelbench.errors import ModelbenchUsageError
 from tests.conftest import UNREACHABLE_URL, Project, one_usage_error
 
 URL = UNREACHABLE_URL
@@ -101,7 +107,42 @@ def test_unknown_model(base: Project) -> None:
 
 def test_unknown_env(base: Project) -> None:
     line = usage_error(base, "--model", "alpha", "--env", "gsm8kk")
-    assert line.startswith("ERROR: --env gsm8kk: unknown module 'gsm8kk'")
+    assert line.startswith(
+        "ERROR: --env 'gsm8kk': 'gsm8kk' is not an environment file in configs/envs (qa) nor a "
+        "variant id; as a module: unknown module 'gsm8kk' (did you mean 'gsm8k'?)"
+    )
+
+
+def test_unknown_variant_id_names_the_ids_of_its_file(base: Project) -> None:
+    base.env(
+        "qa", [{"id": f"qa-{k}", "module": "jsonl", "env_args": {"path": "qa.jsonl"}} for k in "ab"]
+    )
+    line = usage_error(base, "--model", "alpha", "--env", "qa-c")
+    assert "(did you mean 'qa-b'?); configs/envs/qa.yaml has variant ids qa-a, qa-b;" in line
+
+
+def test_unknown_env_in_a_job_names_the_job_file(base: Project) -> None:
+    job = base.root / "configs" / "job-x.yaml"
+    job.write_text("name: x\njobs:\n  - model: alpha\n    env: [qa, m_arc]\n")
+    line = usage_error(base, "--mb-config", "configs/job-x.yaml")
+    assert line.startswith(
+        "ERROR: configs/job-x.yaml: jobs[1].env 'm_arc': 'm_arc' is not an environment file"
+    )
+    assert "--env" not in line
+
+
+def test_checkpoints_glob_takes_directories_only(base: Project) -> None:
+    ckpts = base.root / "ckpts"
+    for name in ("step100", "step200"):
+        (ckpts / name).mkdir(parents=True)
+    (ckpts / "step300.log").write_text("training log")
+    base.models({"run7": {"checkpoints": str(ckpts / "step*"), "api_base_url": UNREACHABLE_URL}})
+    result = base.pytester.runpytest("benchmarks/", "--model", "run7", "--collect-only")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*2 items, 2 model(s) (run7-step100, run7-step200)*"])
+    base.models({"run7": {"checkpoints": str(ckpts / "*.log"), "api_base_url": UNREACHABLE_URL}})
+    line = usage_error(base, "--model", "run7")
+    assert "matches no checkpoint directory (only files: " in line and "step300.log" in line
 
 
 def test_unknown_module_in_env_file(base: Project) -> None:
@@ -138,3 +179,32 @@ def test_bad_job_file(base: Project) -> None:
     assert line.startswith(
         "ERROR: configs/job-x.yaml: unknown key 'jobs.0.envs' (did you mean 'env'?)"
     )
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("value: .nan", "gsm8k: value: Input should be a finite number (got nan)"),
+        ("value: .inf\n  margin: 0.01", "gsm8k: value: Input should be a finite number"),
+        ("value: 0.7\n  margin: -0.2", "gsm8k: margin: Input should be greater than or equal to 0"),
+        ("value: 0.7\n  margin: 0.7", "gsm8k: margin 0.7 is not below value 0.7, so no score"),
+        ("min: .nan", "gsm8k: min: Input should be a finite number"),
+    ],
+)
+def test_baseline_value_and_margin_are_range_checked(
+    tmp_path: Path, entry: str, message: str
+) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(f"gsm8k:\n  {entry}\n")
+    with pytest.raises(ModelbenchUsageError) as info:
+        load_baseline_file(path)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_k_selects_unicode_names(base: Project) -> None:
+    """pytest escapes non-ASCII in node ids (m\\xe9dqa); -k matches the id as written."""
+    base.env("médqa", [{"id": "médqa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
+    result = base.pytester.runpytest("benchmarks/", "--model", "alpha", "-k", "médqa", "--co")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*1/2 tests collected (1 deselected)*"])

@@ -203,3 +203,28 @@ def test_simulated_reasoning_settings_are_checked() -> None:
         SimConfig(reasoning_field="thoughts")
     with pytest.raises(ValueError, match="reasoning_words=-1"):
         SimConfig(reasoning_words=-1)
+
+
+def test_a_model_budget_beats_the_environment_and_the_command_line_beats_both(
+    project: Project, sim: Any
+) -> None:
+    """Precedence of ``max_tokens``: env variant < the model's ``max_tokens`` < --sampling-args."""
+    configure(project, "http://placeholder", n=10)
+    server = sim(lookup=project.lookup("qa"), reasoning_words=15)
+    reasoning_project(project, server.base_url, max_tokens=10)  # the env cuts every reply
+    models = yaml.safe_load((project.root / "configs" / "models.yaml").read_text())
+    models["models"]["alpha"]["max_tokens"] = 200  # the model's budget holds the thinking
+    (project.root / "configs" / "models.yaml").write_text(yaml.safe_dump(models))
+    project.pytester.runpytest("benchmarks/", "--model", "alpha").assert_outcomes(passed=1)
+    (run_dir,) = project.run_dirs()
+    summary = json.loads((run_dir / "alpha-qa-seed0" / "summary.json").read_text())
+    assert summary["truncated"] == 0
+    cut = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--run-id", "cli", "--sampling-args",
+        '{"max_tokens": 5}',
+    )  # fmt: skip
+    cut.stdout.fnmatch_lines(["warning: alpha-qa-seed0: 10 of 10 replies were truncated*"])
+    summary = json.loads(
+        (project.root / "runs" / "cli" / "alpha-qa-seed0" / "summary.json").read_text()
+    )
+    assert summary["truncated_in_reasoning"] == 10

@@ -16,6 +16,7 @@ from pytest_modelbench.serving.gpus import (
     FAKE_ENV,
     FakeGpuProvider,
     Gpu,
+    GpuDiscoveryError,
     GpuSpecError,
     GpuWarning,
     NoFreeGpuError,
@@ -163,8 +164,8 @@ def test_nvidia_smi_failure_warns() -> None:
     provider = NvidiaSmiProvider(executable=sys.executable, run=failing)
     with pytest.warns(GpuWarning, match="driver mismatch"):
         assert provider.gpus() is None
-    with pytest.warns(GpuWarning, match="unexpected nvidia-smi line"):
-        assert NvidiaSmiProvider.parse("garbage\n") is None
+    with pytest.raises(GpuDiscoveryError, match="cannot read its output line 'garbage'"):
+        NvidiaSmiProvider.parse("garbage\n")
 
 
 def test_same_process_claims_are_disjoint_and_released(
