@@ -590,12 +590,13 @@ def no_baseline_verdict(current: ScoreSummary, *, required: bool = False) -> Gat
 
 
 def holm_adjust_verdicts(
-    verdicts: Sequence[GateVerdict], alpha: float = DEFAULT_ALPHA
+    verdicts: Sequence[GateVerdict], alpha: float | None = None
 ) -> list[GateVerdict]:
     """Holm-adjust the p-values of all tested verdicts together and re-decide them.
 
     Verdicts without a p-value (floors, no baseline, nothing shared) are
-    returned unchanged; the others pass iff their adjusted p-value >= alpha.
+    returned unchanged; the others pass iff their adjusted p-value >= alpha
+    (each verdict's own alpha when ``alpha`` is None: a baseline entry may set one).
     """
     tested = [i for i, v in enumerate(verdicts) if v.p_value is not None]
     adjusted = stats.holm_adjust([verdicts[i].p_value or 0.0 for i in tested])
@@ -606,8 +607,8 @@ def holm_adjust_verdicts(
                 verdicts[i],
                 p_adjusted=p_adj,
                 correction="holm",
-                alpha=alpha,
-                passed=p_adj >= alpha,
+                alpha=verdicts[i].alpha if alpha is None else alpha,
+                passed=p_adj >= (verdicts[i].alpha if alpha is None else alpha),
             )
         )
     return out

@@ -30,7 +30,7 @@ from pytest_modelbench.secrets import redact
 from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import RunStore, find_latest_run, new_run_id
+from pytest_modelbench.store.runstore import ItemStore, RunStore, find_latest_run, new_run_id
 from pytest_modelbench.store.verdict import GateVerdict
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
@@ -65,7 +65,8 @@ class ModelbenchSession:
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
         self._holm_family: int | None = None
-        self._pending: dict[str, PendingItem] = {}  # controller: items Holm has yet to decide
+        # controller: the tests of items Holm has yet to decide (several tests may share an item)
+        self._pending: dict[str, list[PendingItem]] = {}
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -347,7 +348,7 @@ class ModelbenchSession:
         deferred = (
             self.holm_family is not None
             and verdict.p_value is not None
-            and holm_decision(verdict.p_value, self.baseline_book().alpha, self.holm_family) is None
+            and holm_decision(verdict.p_value, verdict.alpha, self.holm_family) is None
         )
         result = dataclasses.replace(
             result,
@@ -428,7 +429,10 @@ class ModelbenchSession:
             error=message,
             model_path=item.model.model,
         )
-        self._save(node, result)
+        if result.summary or ItemStore(result.directory).read_summary() is None:
+            self._save(node, result)
+        else:  # finished results still stand (nothing was recomputed): their record stays
+            node.user_properties.extend(result.properties())
 
     # -- reporting (controller side) ---------------------------------------------------------
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -439,11 +443,15 @@ class ModelbenchSession:
         result = self._result_of(report)
         if result is None:
             return
-        self.records.append(result)
-        self.outcomes[result.item_id] = report.outcome
+        first = result.item_id not in self.outcomes  # several tests may share one item
+        if first:
+            self.records.append(result)
+        if first or report.failed:
+            self.outcomes[result.item_id] = report.outcome
         if pending_status(report) is not None:  # announced when Holm's final step decides it
-            self._pending[result.item_id] = PendingItem(report, _junit_entry(self.config, report))
-        else:
+            waiting = PendingItem(report, _junit_entry(self.config, report))
+            self._pending.setdefault(result.item_id, []).append(waiting)
+        elif first:
             self._announce_finished(result)
 
     def _result_of(self, report: pytest.TestReport) -> EvalResult | None:
@@ -453,7 +461,7 @@ class ModelbenchSession:
         if not isinstance(item_id, str) or self._run_dir is None:
             return None
         directory = RunStore(self._run_dir).item(item_id).directory
-        saved = EvalResult.load(directory)
+        saved = EvalResult.load(directory) if not report.failed or report.when == "call" else None
         if saved is not None:
             return saved
         # nothing saved (the store could not be written): what the properties say
@@ -548,16 +556,17 @@ class ModelbenchSession:
         """Holm over every tested verdict (the family of size m the workers decided with);
         items that waited get their final outcome everywhere, and any failure fails the run."""
         # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.gates import DEFAULT_ALPHA, holm_adjust_verdicts
+        from pytest_modelbench.gating.gates import holm_adjust_verdicts
 
         tested = [r for r in self.records if r.verdict is not None and r.holm_family]
         family = max([len(tested), *(r.holm_family or 0 for r in tested)], default=0)
         # items of the family without a p-value (an error, nothing computed) count as p = 1
         absent = GateVerdict(passed=True, rule="none", metric="", value=0.0, alpha=0.0, p_value=1.0)
         verdicts = [r.verdict for r in tested if r.verdict is not None]
-        settled = holm_adjust_verdicts(
-            [*verdicts, *[absent] * (family - len(verdicts))], DEFAULT_ALPHA
-        )[: len(verdicts)]
+        # each item is decided at its own alpha (a baseline entry may set one)
+        settled = holm_adjust_verdicts([*verdicts, *[absent] * (family - len(verdicts))])[
+            : len(verdicts)
+        ]
         final = {
             r.item_id: dataclasses.replace(r, verdict=v, gate_deferred=False)
             for r, v in zip(tested, settled, strict=True)
@@ -567,10 +576,12 @@ class ModelbenchSession:
                 result.save()  # the record is rewritten once, with its final verdict
             if result.verdict is not None and not result.verdict.passed:
                 self.holm_failures.append(result.message)
-            waiting = self._pending.pop(result.item_id, None)
-            if waiting is not None:
-                settle(self.config, session, waiting, result.status, result.message)
-                self.outcomes[result.item_id] = waiting.report.outcome
+            waiting = self._pending.pop(result.item_id, [])
+            for test in waiting:
+                settle(self.config, session, test, result.status, result.message)
+                if test.report.failed:
+                    self.outcomes[result.item_id] = test.report.outcome
+            if waiting:
                 self._announce_finished(result)
         self.records = [final.get(r.item_id, r) for r in self.records]
         if self.holm_failures and session.exitstatus == 0:

@@ -19,11 +19,10 @@ from typing import Any, ClassVar
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.store.files import atomic_write_json, read_json
 from pytest_modelbench.store.records import PROPERTY_PREFIX
-from pytest_modelbench.store.runstore import ItemStore
+from pytest_modelbench.store.runstore import RESULT, ItemStore
 from pytest_modelbench.store.verdict import GateVerdict
 
 HOLM_PENDING = " (Holm pending)"  # suffix of a verdict --mb-correction holm decides at the end
-RESULT = "result.json"
 ERROR = "error"  # the status of an item that has no result (its evaluation failed)
 
 
@@ -109,6 +108,7 @@ class EvalResult:
             if f.name not in ("summary", "directory", "verdict")
         }
         data["verdict"] = self.verdict.as_dict() if self.verdict is not None else None
+        data["summary_fingerprint"] = self.summary.get("fingerprint")  # what it was made from
         return {"schema_version": self.SCHEMA_VERSION, **data}
 
     def save(self) -> None:
@@ -120,15 +120,19 @@ class EvalResult:
 
     @classmethod
     def load(cls, directory: Path) -> EvalResult | None:
-        """The record saved in an item directory, or None (none saved, or another schema)."""
+        """The record saved in an item directory, or None (none saved, another schema, or
+        stale: made from another ``summary.json`` than the one there now)."""
         data = read_json(directory / RESULT)
         if not isinstance(data, dict) or data.get("schema_version") != cls.SCHEMA_VERSION:
+            return None
+        summary = ItemStore(directory).read_summary() or {}
+        if data.get("summary_fingerprint") != summary.get("fingerprint"):
             return None
         known = {f.name for f in dataclasses.fields(cls)} - {"summary", "directory", "verdict"}
         gate = data.get("verdict")
         return cls(
             **{k: v for k, v in data.items() if k in known},
-            summary=ItemStore(directory).read_summary() or {},
+            summary=summary,
             directory=directory,
             verdict=GateVerdict.from_dict(gate) if isinstance(gate, dict) else None,
         )

@@ -37,6 +37,7 @@ MANIFEST = "run_manifest.json"
 JOURNAL = "results.jsonl"
 SUMMARY = "summary.json"
 METADATA = "metadata.json"
+RESULT = "result.json"  # store.result.EvalResult: the item's verdict
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,15 @@ class ItemStore:
         atomic_write_json(self.summary_path, {"schema_version": SUMMARY_VERSION, **summary})
 
     def clear_summary(self) -> None:
-        try:
-            self.summary_path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise StoreWriteError(
-                exc.errno, f"cannot remove {self.summary_path}: {exc.strerror}"
-            ) from exc
+        """Remove the summary and the item's saved record (``result.json``): both describe
+        results that are being recomputed."""
+        for path in (self.summary_path, self.directory / RESULT):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StoreWriteError(exc.errno, f"cannot remove {path}: {exc.strerror}") from exc
 
     def seed_from(self, other: ItemStore) -> None:
         """Take ``other``'s finished files: the journal hard-linked (copied across filesystems),

@@ -140,3 +140,47 @@ def test_an_item_waiting_for_holm_says_so_and_is_rerun_by_lf(five: Project) -> N
         "benchmarks/", "--model", "alpha", "--mb-correction", "holm", "--lf", "-p", "no:randomly"
     )
     again.assert_outcomes(failed=outcome["failed"])
+
+
+def test_several_tests_of_one_item_count_it_once(five: Project) -> None:
+    """A second test on ``mb_eval`` shares the item: Holm's family stays one per item, every
+    waiting test is settled, and the summary has one row per item."""
+    project = five
+    (project.root / "benchmarks" / "test_extra.py").write_text(
+        "def test_extra(mb_eval):\n    assert mb_eval.score is not None\n"
+    )
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text(
+        "qa: {value: 0.9}\nqb: {value: 0.75}\nqc: {value: 0.5}\nqd: {value: 0.5}\n"
+        "qe: {value: 0.5}\n"
+    )
+    args = ["benchmarks/", "--model", "alpha", "--mb-correction", "holm", "-p", "no:randomly"]
+    result = project.pytester.runpytest(*args, "--junitxml", "junit.xml")
+    outcomes = result.parseoutcomes()
+    assert "holm-pending" not in outcomes, outcomes
+    junit = _junit(project)  # the last testcase of each item
+    p_values = {item: float(props["mb_p_value"]) for item, (_, props) in junit.items()}
+    failing = {item for item, fails in holm(p_values).items() if fails}  # family of 5, not 10
+    assert len(p_values) == len(ENVS)
+    table = [line for line in result.outlines if line.startswith("alpha ")]
+    assert len(table) == len(ENVS)  # one row per item
+    for line in table:
+        item = f"alpha-{line.split()[1]}-seed0"
+        assert line.split()[-1] == ("fail" if item in failing else "pass"), line
+    assert outcomes.get("failed", 0) >= len(failing)
+
+
+def test_a_baseline_entry_alpha_is_the_items_own_under_holm(five: Project) -> None:
+    """An entry's ``alpha`` decides its item under Holm too, in every channel alike."""
+    project = five
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text(
+        "qa: {value: 0.75, alpha: 0.001}\n"  # p of about 0.02: passes at its own alpha
+    )
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--env", "qa", "--mb-correction", "holm",
+        "--junitxml", "junit.xml",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
+    ((_, props),) = _junit(project).values()
+    assert props["mb_verdict"] == "pass"
+    assert "regressions after Holm correction" not in result.stdout.str()

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.cli import main, run_status
+from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.runstore import ItemStore
 from tests.conftest import Project, configure
 from tests.reports.conftest import craft_run
 
@@ -160,3 +162,30 @@ def test_run_status_running_when_recently_updated() -> None:
     )
     assert run_status({"items": {"a": {"status": "finished"}}}, 1, now) == "failed"
     assert run_status({}, 0, now) == "empty"
+
+
+def test_an_error_never_leaves_a_stale_verdict_in_the_store(
+    project: Project, sim: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--mb-force`` with the endpoint down: the session shows the error, and the store keeps
+    the finished item's own verdict (nothing was recomputed). A record made from another
+    summary is never read back, and clearing a summary clears its record."""
+    server = sim(accuracy=0.5, lookup={})
+    configure(project, server.base_url, n=10)
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text("qa: {min: 0.0}\n")
+    project.pytester.runpytest("benchmarks/", "--model", "alpha").assert_outcomes(passed=1)
+    server.stop()
+    forced = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-force")
+    assert forced.ret == pytest.ExitCode.TESTS_FAILED
+    forced.stdout.fnmatch_lines(["alpha *qa *error"])
+    (run_dir,) = project.run_dirs()
+    (run_dir / "leaderboard.json").unlink()
+    assert main(["report", run_dir.name, "--run-dir", str(run_dir.parent)]) == 0
+    board = json.loads((run_dir / "leaderboard.json").read_text())
+    assert [i["verdict"] for i in board["items"]] == ["pass"]
+    item = run_dir / "alpha-qa-seed0"
+    summary = json.loads((item / "summary.json").read_text())
+    (item / "summary.json").write_text(json.dumps({**summary, "fingerprint": "other"}))
+    assert EvalResult.load(item) is None  # made from another summary: stale
+    ItemStore(item).clear_summary()
+    assert not (item / "result.json").exists()
