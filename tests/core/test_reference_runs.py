@@ -119,18 +119,21 @@ def test_run_id_naming_the_reference_is_a_usage_error(worse_later: tuple[Project
 def test_an_older_reference_leaves_auto_resume_alone(worse_later: tuple[Project, Any]) -> None:
     project, _ = worse_later
     project.pytester.runpytest(
-        "benchmarks/", "--model", "alpha", "--run-id", "ref", "--num-examples", "30"
+        "benchmarks/", "--model", "alpha", "--run-id", "a-ref", "--num-examples", "30"
     ).assert_outcomes(passed=1)
     _reference_latest(project)
-    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--baseline-run", "ref")
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--baseline-run", "a-ref"
+    )
     result.assert_outcomes(passed=1)
     assert "is never written" not in result.stdout.str()
-    assert [p.name for p in _runs(project)] == ["newer", "ref"]
+    assert [p.name for p in _runs(project)] == ["a-ref", "b-newer"]
 
 
 def _reference_latest(project: Project) -> Path:
-    """A second, newer run (not a reference): auto-resume continues it."""
+    """A second, newer run (not a reference): auto-resume continues it (runs made in the same
+    second are ordered by name)."""
     project.pytester.runpytest(
-        "benchmarks/", "--model", "alpha", "--run-id", "newer"
+        "benchmarks/", "--model", "alpha", "--run-id", "b-newer"
     ).assert_outcomes(passed=1)
-    return project.root / "runs" / "newer"
+    return project.root / "runs" / "b-newer"
