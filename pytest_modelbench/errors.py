@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -24,6 +23,9 @@ class EvaluationError(Exception):
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
+    # lazily: only a mistake needs difflib, not every pytest session's start-up
+    import difflib
+
     matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {matches[0]!r}?)" if matches else ""
 

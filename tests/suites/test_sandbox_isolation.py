@@ -228,7 +228,8 @@ KEY, SIZE, NAME = 0x6D620027, 4096, b"mb-state"
 ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(os.uname().machine, (0, 0))
 RINGS = {"session": -3, "user": -4, "user-session": -5}
 FILES = ["/dev/shm/mb-state", "/tmp/mb-state", "/var/tmp/mb-state", "/mb-state",
-         "/opt/mb-state", "/work/../mb-state", os.path.expanduser("~/../mb-state")]
+         "/opt/mb-state", os.path.join(os.getcwd(), "..", "mb-state"),
+         os.path.expanduser("~/../mb-state")]
 if mode == "write":
     shm = libc.shmget(KEY, SIZE, 0o1666)
     if shm >= 0:
