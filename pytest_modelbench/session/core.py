@@ -21,7 +21,6 @@ import pytest
 from pytest_modelbench.config import ConfigSet, load_config_set
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
-from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
@@ -172,23 +171,20 @@ class ModelbenchSession:
                 f"--baseline-run {self.options.baseline_run}"
             )
         # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.config.loading import display_path, load_baseline_file
+        from pytest_modelbench.config.loading import display_path
+        from pytest_modelbench.gating.baselines import BaselineBook
 
-        baselines = self.options.config_dir / "baselines"
-        files: dict[str, Mapping[str, Any]] = {}
+        book = BaselineBook(self.options.config_dir / "baselines", parent)  # reads entries only
         for item in self.plan.items:
-            if item.model_name not in files:
-                path = baselines / f"{safe_component(item.model_name)}.yaml"
-                try:
-                    files[item.model_name] = load_baseline_file(path) if path.exists() else {}
-                except ModelbenchUsageError:  # a broken file fails the items that need it
-                    files[item.model_name] = {}
-            entries = files[item.model_name]
+            try:
+                entries = book.entries(item.model_name)
+            except ModelbenchUsageError:  # a broken file fails the items that need it
+                continue
             for key in (item.variant.id, item.env):
                 run = getattr(entries.get(key), "run", None)
                 if run:
-                    where = f"{display_path(baselines / safe_component(item.model_name))}.yaml"
-                    named.setdefault((parent / run).resolve(), f"{where}: {key}: run: {run}")
+                    where = f"{display_path(book.path_for(item.model_name))}: {key}: run: {run}"
+                    named.setdefault((parent / run).resolve(), where)
                     break
         return named
 
