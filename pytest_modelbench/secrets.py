@@ -3,7 +3,9 @@
 token or an API key (``sk-...``), even when a server echoes them back in an error body.
 
 Keys are registered where they are read from the environment (:func:`remember`); the registry
-is per process, so each xdist worker redacts the keys it uses.
+is per process, so each xdist worker redacts the keys it uses. A URL that carries credentials
+(``http://user:KEY@host/v1``) is refused where it is configured, and shown only through
+:func:`masked_url`.
 """
 
 from __future__ import annotations
@@ -42,3 +44,14 @@ def _mask(match: re.Match[str]) -> str:
     if token[:6].lower() == "bearer":
         return "Bearer " + REDACTED
     return REDACTED
+
+
+def masked_url(url: str) -> str | None:
+    """``url`` with its user and password replaced by ``***`` (``http://***@host/v1``), or None
+    when it carries no credentials."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    _, at, host = rest[:end].rpartition("@")
+    return f"{scheme}://***@{host}{rest[end:]}" if at else None

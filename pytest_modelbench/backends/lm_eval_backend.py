@@ -31,8 +31,10 @@ from pytest_modelbench.backends.lm_eval_tasks import TaskSpec, task_manager, tas
 from pytest_modelbench.backends.logs import quiet_logger
 from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.solutions import refuse_solutions
+from pytest_modelbench.config.schema import split_request_args
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
 from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.planning.plan import request_headers
 from pytest_modelbench.running.endpoint import relay_timeout_s
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
@@ -95,6 +97,17 @@ def _check_args(item: PlannedItem) -> dict[str, Any]:
             )
     if args.get("api", "chat") not in ("chat", "completions"):
         raise ModelbenchUsageError(f"{where}: env_args.api: expected 'chat' or 'completions'")
+    gen_kwargs = args.get("gen_kwargs")
+    if gen_kwargs:  # extra_body merged in, as in sampling_args; headers do not belong here
+        if "extra_headers" in gen_kwargs:
+            raise ModelbenchUsageError(
+                f"{where}: env_args.gen_kwargs.extra_headers: env args are written to the run "
+                "store; set the headers in sampling_args.extra_headers instead"
+            )
+        try:
+            args["gen_kwargs"] = split_request_args(gen_kwargs)[0]
+        except ValueError as exc:
+            raise ModelbenchUsageError(f"{where}: env_args.gen_kwargs: {exc}") from None
     return args
 
 
@@ -180,7 +193,11 @@ class LmEvalBackend:
     def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
         refuse_solutions(ctx.item)
         model = ctx.item.model
-        with ctx.endpoint.single_url(timeout_s=model.timeout, max_retries=model.max_retries) as url:
+        with ctx.endpoint.single_url(
+            timeout_s=model.timeout,
+            max_retries=model.max_retries,
+            headers=request_headers(ctx.item),  # the router adds them to every request
+        ) as url:
             return self._evaluate(ctx, url)
 
     def _evaluate(self, ctx: ItemContext, base_url: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from pytest_modelbench.backends.verifiers_common import (
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.planning.plan import request_headers
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
@@ -368,7 +369,9 @@ class V1Taskset:
         breaker, streamed answers passed through, the API key added there."""
         model = ctx.item.model
         async with ctx.endpoint.asingle_url(
-            timeout_s=model.timeout, max_retries=model.max_retries
+            timeout_s=model.timeout,
+            max_retries=model.max_retries,
+            headers=request_headers(ctx.item),  # the router adds them to every request
         ) as base_url:
             await self._run_at(base_url, ctx, todo, journal)
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pytest_modelbench.config.schema import (
+    QUIET_ERROR,
     BaselineEntrySpec,
     EnvVariantSpec,
     JobFile,
@@ -244,7 +245,7 @@ def format_validation_error(
         return f"{where}: unknown key {key_path!r}{hint}"
     if kind == "missing":
         return f"{where}: missing required key {key_path!r}"
-    if any(word in loc[-1].lower() for word in _SECRET_WORDS):
+    if kind == QUIET_ERROR or any(word in loc[-1].lower() for word in _SECRET_WORDS):
         return f"{where}: {key_path}: {message}"  # never echo what may be a credential
     return f"{where}: {key_path}: {message} (got {shown_value(err.get('input'))})"
 

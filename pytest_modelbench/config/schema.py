@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import datetime
+import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from pytest_modelbench.config.modules import missing_name
+from pytest_modelbench.errors import shown_value
+from pytest_modelbench.secrets import masked_url
 
 JSONDict = dict[str, Any]
 Name = Annotated[str, StringConstraints(max_length=200)]
@@ -28,10 +34,104 @@ class _Strict(BaseModel):
     )
 
 
+QUIET_ERROR = "modelbench_quiet"
+"""The pydantic error type of a message that must not echo the value it refuses (a URL with a
+password, a header that may hold a token): :func:`~.loading.format_validation_error` shows
+the message alone."""
+
+
 def check_url(value: str) -> str:
     """An endpoint URL must say its scheme (``http://host:port/v1``)."""
     if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
         raise ValueError("expected an http:// or https:// URL like http://localhost:8000/v1")
+    return value
+
+
+def url_credentials_error(value: str, fix: str) -> str | None:
+    """Why a URL that carries credentials (``http://user:KEY@host/v1``) is refused, showing it
+    masked, or None for a URL without any. They would not be sent (the key goes in a
+    ``Authorization: Bearer`` header) and the URL is written to the run store and printed."""
+    masked = masked_url(value)
+    if masked is None:
+        return None
+    return (
+        f"credentials in the URL ({masked}) are not sent and would be written to the run "
+        f"store; remove them and {fix}"
+    )
+
+
+_MODEL_KEY_FIX = (
+    "put the key in an environment variable named by api_key_var (sent as "
+    "'Authorization: Bearer <key>')"
+)
+
+REQUEST_EXTRAS = ("extra_body", "extra_headers")
+"""Sampling-arg keys that are not request fields, read as the OpenAI SDK reads them."""
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110 token)
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+def split_request_args(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the request body's fields, the HTTP headers) of sampling args, as the OpenAI SDK sends
+    its ``extra_body`` (merged into the body, winning over the other fields) and
+    ``extra_headers`` (sent as headers, never written to the run store). ValueError names what
+    is malformed, never a header's value."""
+    if "extra_body" not in args and "extra_headers" not in args:
+        return dict(args), {}
+    body = {k: v for k, v in args.items() if k not in REQUEST_EXTRAS}
+    extra = args.get("extra_body")
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise ValueError(
+                f"extra_body must be a mapping of request fields merged into the body, like "
+                f"{{chat_template_kwargs: {{enable_thinking: false}}}}, got {shown_value(extra)}"
+            )
+        body.update(extra)
+    return body, request_headers(args.get("extra_headers"))
+
+
+def request_headers(value: Any) -> dict[str, str]:
+    """``extra_headers`` checked: header names mapped to string values (None: no headers)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"extra_headers must be a mapping of header name to value, like "
+            f"{{X-Title: my-eval}} (got {type(value).__name__})"
+        )
+    headers: dict[str, str] = {}
+    for name, text in value.items():
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise ValueError(f"extra_headers: {name!r} is not an HTTP header name")
+        if name.lower() in _FRAMING:
+            raise ValueError(f"extra_headers: {name!r} is set by the HTTP client; remove it")
+        if not isinstance(text, str) or any(c in text for c in "\r\n\x00"):
+            raise ValueError(
+                f"extra_headers: the value of {name!r} must be a string on one line "
+                "(quote numbers and booleans)"
+            )
+        headers[name] = text
+    return headers
+
+
+def merge_headers(*layers: Mapping[str, str]) -> dict[str, str]:
+    """Headers of later layers win over earlier ones, names compared without case."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            for old in [k for k in merged if k.lower() == name.lower()]:
+                del merged[old]
+            merged[name] = value
+    return merged
+
+
+def _quiet_request_extras(value: dict[str, Any]) -> dict[str, Any]:
+    """``sampling_args`` whose ``extra_body``/``extra_headers`` are malformed are refused
+    without echoing them (a header may hold a token)."""
+    try:
+        split_request_args(value)
+    except ValueError as exc:
+        raise PydanticCustomError(QUIET_ERROR, str(exc)) from None
     return value
 
 
@@ -69,6 +169,9 @@ class ModelSpec(_Strict):
         description="pre-generated completions (JSONL globs) scored instead of querying a server; "
         "a mapping gives globs per environment or variant id",
     )
+    # sampling_args.extra_headers, kept apart: sent with every request, never dumped (so never
+    # written to metadata.json, fingerprints or reports)
+    _headers: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("api_base_url")
     @classmethod
@@ -76,11 +179,39 @@ class ModelSpec(_Strict):
         if isinstance(value, list):
             if not value:
                 raise ValueError("api_base_url is an empty list; give at least one URL")
-            for url in value:
-                check_url(url)
-        elif value is not None:
-            check_url(value)
+            urls = value
+        else:
+            urls = [] if value is None else [value]
+        for url in urls:
+            check_url(url)
+            refused = url_credentials_error(url, _MODEL_KEY_FIX)
+            if refused is not None:
+                raise PydanticCustomError(QUIET_ERROR, refused)
         return value
+
+    @field_validator("sampling_args")
+    @classmethod
+    def _request_extras(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _quiet_request_extras(value)
+
+    def model_post_init(self, context: Any, /) -> None:  # noqa: ARG002 - pydantic passes it
+        """``extra_body`` merged into the sampling args, ``extra_headers`` kept apart."""
+        if any(key in self.sampling_args for key in REQUEST_EXTRAS):
+            body, self._headers = split_request_args(self.sampling_args)
+            self.__dict__["sampling_args"] = body  # frozen: set once, while being built
+
+    @property
+    def extra_headers(self) -> dict[str, str]:
+        """The HTTP headers every request of this model carries (``sampling_args.extra_headers``)."""
+        return dict(self._headers)
+
+    def with_sampling_args(self, args: Mapping[str, Any]) -> ModelSpec:
+        """A copy with ``args`` (``--sampling-args``) merged over its sampling args and headers;
+        ValueError for a malformed ``extra_body``/``extra_headers``."""
+        body, headers = split_request_args(args)
+        copy = self.model_copy(update={"sampling_args": {**self.sampling_args, **body}})
+        copy._headers = merge_headers(self._headers, headers)
+        return copy
 
     @field_validator("solutions")
     @classmethod
@@ -142,6 +273,11 @@ class EnvVariantSpec(_Strict):
         if missing is not None:
             raise ValueError(f"module {value!r}: {missing}")
         return value
+
+    @field_validator("sampling_args")
+    @classmethod
+    def _request_extras(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _quiet_request_extras(value)
 
     @field_validator("num_examples")
     @classmethod

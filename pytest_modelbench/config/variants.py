@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.config.schema import EnvVariantSpec
+from pytest_modelbench.config.schema import EnvVariantSpec, split_request_args
 from pytest_modelbench.errors import ModelbenchUsageError
 
 SAMPLING_PREFIX = "sampling_args."
@@ -31,6 +31,9 @@ class Variant:
     cost: float | None
     source: Path
     matrix_values: Mapping[str, Any] = field(default_factory=dict)
+    # sampling_args.extra_headers, kept apart from the sampling args (which are written to the
+    # run store): sent with every request of the variant's items
+    extra_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 def _placeholder(key: str) -> str:
@@ -59,16 +62,18 @@ def expand_variants(
         cost=spec.cost,
         source=source,
     )
+    where = f"{shown}: variant {spec.id!r}"
     if not spec.matrix:
+        sampling_args, headers = _request_args(spec.sampling_args, where)
         return [
             Variant(
                 id=spec.id,
                 env_args=dict(spec.env_args),
-                sampling_args=dict(spec.sampling_args),
+                sampling_args=sampling_args,
+                extra_headers=headers,
                 **base,
             )
         ]
-    where = f"{shown}: variant {spec.id!r}"
     keys = list(spec.matrix)
     for key in keys:
         if not spec.matrix[key]:
@@ -104,13 +109,24 @@ def expand_variants(
             else:
                 env_args[key] = value
         variant_id = fmt.format(base=spec.id, **{_placeholder(k): v for k, v in values.items()})
+        body, headers = _request_args(sampling_args, where)
         variants.append(
             Variant(
                 id=variant_id,
                 env_args=env_args,
-                sampling_args=sampling_args,
+                sampling_args=body,
+                extra_headers=headers,
                 matrix_values=values,
                 **base,
             )
         )
     return variants
+
+
+def _request_args(args: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``extra_body`` merged into the sampling args, ``extra_headers`` apart (a matrix may set
+    either: checked here, where the file is named)."""
+    try:
+        return split_request_args(args)
+    except ValueError as exc:
+        raise ModelbenchUsageError(f"{where}: sampling_args: {exc}") from None

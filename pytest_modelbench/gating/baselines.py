@@ -19,7 +19,7 @@ from typing import Any
 
 from pytest_modelbench.config.loading import display_path, load_baseline_file
 from pytest_modelbench.config.schema import BaselineEntrySpec
-from pytest_modelbench.errors import EvaluationError
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.gating import gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.result import EvalResult
@@ -102,13 +102,15 @@ class BaselineBook:
         )
 
     def verdict(self, result: EvalResult) -> gates.GateVerdict:
-        spec, _ = self.entry_for(result)
+        spec, key = self.entry_for(result)
         metric = (spec.metric if spec and spec.metric else None) or result.metric
         current = self.current(result, metric)
         run_id = self.baseline_run or (spec.run if spec else None)
         if spec is None and run_id is None:
             return gates.no_baseline_verdict(current, required=self.require)
         path = display_path(self.path_for(result.model)) if spec else None
+        if spec is not None:
+            self._check_range(spec, f"{path}: {key}", result, metric)
         data = spec.model_dump() if spec else {"run": run_id}
         entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
         reference = self.reference_scores(run_id, result, metric) if run_id else None
@@ -122,6 +124,26 @@ class BaselineBook:
         )
         rows = None if isinstance(rule, gates.MinRule) else self.example_scores(result, metric)
         return rule.evaluate(current, rows)
+
+    def _check_range(
+        self, spec: BaselineEntrySpec, where: str, result: EvalResult, metric: str
+    ) -> None:
+        """A ``value`` or ``min`` outside 0..1 for a metric that scores each example 0 or 1
+        (accuracy, exact match): a percentage written for a fraction (``65`` for 0.65), which
+        would fail (or pass) every run whatever it scored."""
+        bad = [(n, v) for n, v in (("value", spec.value), ("min", spec.min)) if v is not None]
+        bad = [(n, v) for n, v in bad if not 0.0 <= v <= 1.0]
+        if not bad:
+            return
+        scores = [v for values in self.example_scores(result, metric).values() for v in values]
+        if not scores or any(v not in (0.0, 1.0) for v in scores):
+            return  # not a 0/1 metric (or nothing scored): any number may be meant
+        name, value = bad[0]
+        hint = f"; write {value / 100:g} for {value:g}%" if 1.0 < value <= 100.0 else ""
+        raise ModelbenchUsageError(
+            f"{where}: {name} {value:g} is outside 0..1, but {metric} scores each example 0 or 1, "
+            f"so its score is a fraction{hint}"
+        )
 
     @staticmethod
     def example_scores(result: EvalResult, metric: str) -> dict[str, list[float]]:

@@ -14,7 +14,13 @@ from pytest_modelbench.config import ConfigSet, ModelSpec, Variant, expand_varia
 from pytest_modelbench.config.loading import display_path
 from pytest_modelbench.config.modules import missing_name
 from pytest_modelbench.config.options import RunOptions
-from pytest_modelbench.config.schema import EnvVariantSpec, JobFile
+from pytest_modelbench.config.schema import (
+    EnvVariantSpec,
+    JobFile,
+    merge_headers,
+    split_request_args,
+    url_credentials_error,
+)
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of
 from pytest_modelbench.planning.baseline_keys import check_baseline_keys
 from pytest_modelbench.planning.item import ItemKey, Plan, PlannedItem, assign_item_ids, listed
@@ -195,8 +201,40 @@ def engine_capacity(spec: ModelSpec) -> int | None:
     return VLLM_DEFAULT_MAX_NUM_SEQS
 
 
+def _flag_url(options: RunOptions) -> None:
+    """``--api-base-url`` with credentials in it is refused, shown masked (see
+    :func:`~pytest_modelbench.config.schema.url_credentials_error`)."""
+    refused = options.api_base_url and url_credentials_error(
+        options.api_base_url,
+        "export the key as OPENAI_API_KEY, or give the model an api_key_var in "
+        "configs/models.yaml (sent as 'Authorization: Bearer <key>')",
+    )
+    if refused:
+        raise ModelbenchUsageError(f"--api-base-url: {refused}")
+
+
+def _cli_sampling_args(options: RunOptions) -> tuple[dict[str, Any], dict[str, str]]:
+    """``--sampling-args`` as request fields (``extra_body`` merged in) and headers
+    (``extra_headers``)."""
+    try:
+        return split_request_args(options.sampling_args)
+    except ValueError as exc:
+        raise ModelbenchUsageError(f"--sampling-args: {exc}") from None
+
+
+def request_headers(item: PlannedItem) -> dict[str, str]:
+    """The HTTP headers an item's requests carry: ``sampling_args.extra_headers`` of its model,
+    overridden by its variant's (``--sampling-args`` is merged into both)."""
+    return merge_headers(item.model.extra_headers, item.variant.extra_headers)
+
+
 def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
     update: dict[str, Any] = {}
+    if options.sampling_args:
+        body, headers = _cli_sampling_args(options)
+        spec = spec.with_sampling_args({**body, "extra_headers": headers})
+        if "max_tokens" in body:
+            update["max_tokens"] = None  # --sampling-args beats the model's budget too
     if options.api_base_url:
         update["api_base_url"] = options.api_base_url
         update["serve"] = None
@@ -208,10 +246,6 @@ def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
             update["max_concurrent"] = capacity
     if options.request_timeout:
         update["timeout"] = options.request_timeout
-    if options.sampling_args:
-        update["sampling_args"] = {**spec.sampling_args, **options.sampling_args}
-        if "max_tokens" in options.sampling_args:
-            update["max_tokens"] = None  # --sampling-args beats the model's budget too
     return spec.model_copy(update=update) if update else spec
 
 
@@ -293,6 +327,9 @@ def build_plan(
 
     ``check_module(module, where)`` raises a usage error for an unknown module.
     """
+    _flag_url(options)
+    if options.sampling_args:
+        _cli_sampling_args(options)  # a malformed one is refused before anything is planned
     job: JobFile | None = None
     models: dict[str, ModelSpec] = dict(config.models)
     source = display_path(config.models_path)
@@ -373,7 +410,12 @@ def _with_overrides(variant: Variant, options: RunOptions) -> tuple[Variant, int
     if options.env_args:
         variant = replace(variant, env_args={**variant.env_args, **options.env_args})
     if options.sampling_args:
-        variant = replace(variant, sampling_args={**variant.sampling_args, **options.sampling_args})
+        body, headers = _cli_sampling_args(options)
+        variant = replace(
+            variant,
+            sampling_args={**variant.sampling_args, **body},
+            extra_headers=merge_headers(variant.extra_headers, headers),
+        )
     limit = variant.num_examples
     if options.num_examples is not None:
         limit = options.num_examples if limit < 0 else min(limit, options.num_examples)

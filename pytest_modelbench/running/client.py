@@ -8,7 +8,8 @@ text (no parser on); scorers see only the answer.
 Routing, retries, timeouts, the pre-flight and dead-endpoint detection are the pool's
 (:mod:`.pool`); this adds what a completion is: a 200 whose body has no first choice is
 retried (``malformed response``), any other status the pool does not retry fails with the
-server's message.
+server's message. A 200 whose body is an error (``{"error": ...}``, as some gateways answer)
+fails at once with its message, unless its code says to retry (429, 5xx).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from typing import Any
 
 from pytest_modelbench.running.http import Response
 from pytest_modelbench.running.pool import (
+    RETRY_STATUSES,
     EndpointPool,
     EndpointUnavailable,
     Malformed,
     RequestFailed,
     RetryPolicy,
+    error_text,
     unusable,
 )
 from pytest_modelbench.running.urls import UrlSet
@@ -157,12 +160,43 @@ def _count(value: Any) -> int | None:
     return None
 
 
+def _error_code(error: Any) -> int | None:
+    """The HTTP-like code of an error object (``code`` or ``status``, a number or its text)."""
+    if not isinstance(error, dict):
+        return None
+    for name in ("code", "status"):
+        value = error.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def _error_body(data: Any, response: Response, where: str) -> Exception | None:
+    """For a 200 whose body is an error rather than a completion (a gateway's way to fail):
+    :class:`Malformed` to retry when its code is one the pool retries, else the final
+    :class:`RequestFailed`, both with the server's message; None for any other body."""
+    if not isinstance(data, dict) or "choices" in data or not data.get("error"):
+        return None
+    text = error_text(response.body)
+    code = _error_code(data["error"])
+    if code is not None and (code in RETRY_STATUSES or code >= 500):
+        return Malformed(
+            f"error {code} in a 200 response", f"HTTP 200 from {where} with error {code}: {text}"
+        )
+    return RequestFailed(f"HTTP 200 from {where} is an error, not a completion: {text}", attempts=1)
+
+
 def _completion(response: Response, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the body, its first choice) of a completion response."""
     if response.status != 200:
         raise unusable(response, where)
     try:
         data: dict[str, Any] = json.loads(response.body)
+        failed = _error_body(data, response, where)
+        if failed is not None:
+            raise failed
         choice: dict[str, Any] = data["choices"][0]
         if not isinstance(choice, dict):
             raise TypeError

@@ -8,7 +8,7 @@ the worker's loopback router that spreads over the whole URL set).
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -48,8 +48,11 @@ class Endpoint:
             for url in self.base_urls:
                 self.urls.add(url)
 
-    def client(self, *, timeout_s: float, max_retries: int) -> OpenAIClient:
-        """An endpoint pool over the live URL set, for the caller's event loop."""
+    def client(
+        self, *, timeout_s: float, max_retries: int, headers: Mapping[str, str] | None = None
+    ) -> OpenAIClient:
+        """An endpoint pool over the live URL set, for the caller's event loop; ``headers`` go
+        with every request (an item's ``extra_headers``)."""
         from pytest_modelbench.running.client import OpenAIClient  # start-up time: see above
         from pytest_modelbench.running.pool import RetryPolicy
 
@@ -59,6 +62,7 @@ class Endpoint:
             timeout_s=timeout_s,
             retry=RetryPolicy(max_retries=max_retries, backoff_s=self.backoff_s),
             died=self.died,
+            headers=headers,
         )
 
     async def ensure_ready(self, client: EndpointPool) -> None:
@@ -79,23 +83,30 @@ class Endpoint:
         self.checked[key] = None
 
     @contextmanager
-    def single_url(self, *, timeout_s: float, max_retries: int) -> Iterator[str]:
+    def single_url(
+        self, *, timeout_s: float, max_retries: int, headers: Mapping[str, str] | None = None
+    ) -> Iterator[str]:
         """One loopback base URL (``.../v1``) spreading over the whole URL set with the pool's
-        policy, for tools that take a single base URL; pre-flighted first (EvaluationError)."""
+        policy (and ``headers`` on every request), for tools that take a single base URL;
+        pre-flighted first (EvaluationError)."""
         from pytest_modelbench.running.router import worker_router  # start-up time
 
         with worker_router().mount(
-            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries), self.ensure_ready
+            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries, headers=headers),
+            self.ensure_ready,
         ) as url:
             yield url
 
     @asynccontextmanager
-    async def asingle_url(self, *, timeout_s: float, max_retries: int) -> AsyncIterator[str]:
+    async def asingle_url(
+        self, *, timeout_s: float, max_retries: int, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[str]:
         """:meth:`single_url` for a caller inside an event loop."""
         from pytest_modelbench.running.router import worker_router  # start-up time
 
         async with worker_router().amount(
-            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries), self.ensure_ready
+            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries, headers=headers),
+            self.ensure_ready,
         ) as url:
             yield url
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
+from multidict import CIMultiDict
 from yarl import URL
 
 from pytest_modelbench.running.http import (
@@ -43,7 +44,7 @@ from pytest_modelbench.running.http import (
     request,
 )
 from pytest_modelbench.running.urls import UrlSet
-from pytest_modelbench.secrets import redact
+from pytest_modelbench.secrets import redact, remember
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 300.0
@@ -54,6 +55,7 @@ MAX_REST_S = 10.0  # ... up to this
 
 T = TypeVar("T")
 P = TypeVar("P", bound="EndpointPool")
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "cookie", "session")
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,13 @@ class EndpointUnavailable(Exception):
 
 
 class Malformed(Exception):
-    """A 200 whose body is not what the caller asked for: retried like a 5xx."""
+    """A 200 whose body is not what the caller asked for: retried like a 5xx. ``detail``, when
+    given, is what the final failure says (the server's message)."""
+
+    def __init__(self, reason: str = "malformed response", detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail or reason
 
 
 @dataclass(eq=False)
@@ -112,10 +120,11 @@ class _Down(Exception):
 
 
 class _Retry(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+    def __init__(self, reason: str, retry_after: float | None = None, detail: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+        self.detail = detail or reason
 
 
 def retry_after(value: str | None) -> float | None:
@@ -172,7 +181,9 @@ class EndpointPool:
 
     Use as ``async with EndpointPool(...) as pool`` in the event loop that sends (it holds
     one aiohttp session). ``died``: for a server modelbench started, why its process died
-    (or None while it runs): no retry can help then.
+    (or None while it runs): no retry can help then. ``headers`` go with every request (the
+    ``extra_headers`` of the sampling args), over a caller's own; a value under a name that
+    says it is a credential is redacted like the key.
     """
 
     def __init__(
@@ -184,6 +195,7 @@ class EndpointPool:
         retry: RetryPolicy | None = None,
         seed: int = 0,
         died: Callable[[], str | None] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.urls = urls if isinstance(urls, UrlSet) else UrlSet(urls)
         if not self.urls.urls:
@@ -198,6 +210,11 @@ class EndpointPool:
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._extra_headers = dict(headers or {})
+        for name, value in self._extra_headers.items():
+            if any(word in name.lower() for word in _CREDENTIAL_WORDS):
+                remember(value)
+        self._headers.update(self._extra_headers)
         self._replicas: dict[str, _Replica] = {}
         self._refusals = 0
         self._last_answer = time.monotonic()
@@ -301,6 +318,9 @@ class EndpointPool:
     ) -> Response | Stream:
         """One attempt at one URL: the whole response, or with ``stream`` a :class:`Stream`
         for server-sent events (in flight until released)."""
+        if headers and self._extra_headers:  # a relayed request: the configured headers win
+            headers = CIMultiDict(headers)
+            headers.update(self._extra_headers)
         replica.outstanding += 1
         replica.sent += 1
         try:
@@ -357,7 +377,7 @@ class EndpointPool:
             try:
                 return parse(response, replica.url + path)
             except Malformed as exc:
-                raise _Retry(str(exc) or "malformed response") from None
+                raise _Retry(exc.reason, detail=exc.detail) from None
 
         return await self._with_retries(attempt)
 
@@ -458,7 +478,7 @@ class EndpointPool:
         when another URL takes the request at once (its connection was refused here), or
         :class:`RequestFailed` when no retry can help."""
         if isinstance(exc, _Retry):
-            return exc.reason, exc.reason, exc.retry_after
+            return exc.reason, exc.detail, exc.retry_after
         if not isinstance(exc, TransportError):
             reason = f"timeout after {self.timeout_s:g}s"
             return reason, reason, None

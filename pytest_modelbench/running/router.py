@@ -3,7 +3,8 @@
 lm-eval and the verifiers harnesses take a single ``base_url``. Each gets a mount of this
 router instead of the first configured URL: ``http://127.0.0.1:PORT/<token>/v1``, whose
 requests go through an :class:`~.pool.EndpointPool` (least-busy routing over the live
-:class:`~.pool.UrlSet`, the breaker, retries, dead-endpoint detection, the API key), so an
+:class:`~.pool.UrlSet`, the breaker, retries, dead-endpoint detection, the API key and the
+item's ``extra_headers``, which win over the tool's own headers of the same name), so an
 endpoint list and replicas joining mid-item work for every backend. Server-sent events
 (verifiers asks for streamed chat completions) pass through chunk by chunk.
 

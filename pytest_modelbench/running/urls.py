@@ -6,6 +6,8 @@ import threading
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from pytest_modelbench.secrets import masked_url
+
 __all__ = ["UrlSet"]
 
 
@@ -27,6 +29,11 @@ class UrlSet:
     def add(self, url: str) -> str:
         """Add a base URL (a no-op when present); returns it as routing spells it."""
         url = url.rstrip("/")
+        masked = masked_url(url)
+        if masked is not None:  # configuration refuses these first; never route (or show) one
+            raise ValueError(
+                f"api_base_url {masked} carries credentials, which are not sent; use api_key_var"
+            )
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"api_base_url must be an http:// or https:// URL, got {url!r}")
