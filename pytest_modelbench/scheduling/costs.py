@@ -2,10 +2,13 @@
 
 Costs are estimated seconds on one worker. In order of preference: the item's duration from
 an earlier run (pytest cache key ``modelbench/durations``: ``{item_id: seconds}``); the
-variant's ``cost`` hint (seconds); examples × rollouts × the suite's ``tokens_per_example``
-converted to seconds with the tokens/second seen in those remembered durations (per model
-when that model has any), else ``TOKENS_PER_S``. Items already finished in the run store and
-tests that are not benchmark items are cheap and need no server.
+variant's ``cost`` hint (seconds); examples × rollouts × tokens per example converted to
+seconds with the tokens/second seen in those remembered durations (per model when that model
+has any), else ``TOKENS_PER_S``. Tokens per example are the ones observed in an earlier run
+(``scheduling/tokens.py``: the item's own, else its model × variant's or model × environment's)
+when there is one, else the suite's ``tokens_per_example``; the calibration divides by the same
+figures, so a reasoning model's long replies are not counted as a slow server. Items already
+finished in the run store and tests that are not benchmark items are cheap and need no server.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_modelbench.names import param_id
 from pytest_modelbench.scheduling.policy import Job
+from pytest_modelbench.scheduling.tokens import ESTIMATED, ObservedTokens, TokenMemory
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
@@ -87,6 +91,7 @@ class ItemCost:
     model: str | None
     seconds: float
     source: str  # "duration" | "hint" | "tokens" | "finished"
+    tokens_from: str | None = None  # "tokens": where tokens per example come from (tokens.py)
 
 
 class PlanCosts:
@@ -98,14 +103,17 @@ class PlanCosts:
         backend_for: Callable[[str], Any],
         durations: Mapping[str, float] | None = None,
         finished: Collection[str] = (),
+        observed: Mapping[str, ObservedTokens] | None = None,
     ) -> None:
         self._items = items
         self._item_of = NodeItems(items)
         self._backend_for = backend_for
         self._durations = dict(durations or {})
         self._finished = set(finished)
+        self._observed = TokenMemory(observed)
         self._examples: dict[tuple[str, int], int] = {}
         self._tokens_per_example: dict[str, int] = {}
+        self._item_tokens: dict[str, tuple[float, str]] = {}
         self._costs: dict[str, ItemCost] = {}
         self._seconds_per_token = self._calibrate()
 
@@ -153,10 +161,21 @@ class PlanCosts:
         if item.variant.cost is not None:
             return ItemCost(item.model_name, float(item.variant.cost), "hint")
         per_token = self._seconds_per_token.get(item.model_name, self._seconds_per_token[None])
-        return ItemCost(item.model_name, self.tokens(item) * per_token, "tokens")
+        tokens, source = self.token_estimate(item)
+        return ItemCost(item.model_name, tokens * per_token, "tokens", source)
 
     def tokens(self, item: PlannedItem) -> float:
-        """examples × rollouts × the suite's tokens per example."""
+        """examples × rollouts × tokens per example (observed, else the suite's)."""
+        return self.token_estimate(item)[0]
+
+    def token_estimate(self, item: PlannedItem) -> tuple[float, str]:
+        """:meth:`tokens` and where its tokens per example come from (``tokens.OBSERVED`` …)."""
+        known = self._item_tokens.get(item.item_id)
+        if known is None:
+            known = self._item_tokens[item.item_id] = self._token_estimate(item)
+        return known
+
+    def _token_estimate(self, item: PlannedItem) -> tuple[float, str]:
         module = item.variant.module
         count = item.num_examples
         if count < 0:
@@ -167,18 +186,22 @@ class PlanCosts:
                 except Exception:  # a broken variant fails its own item, not the scheduler
                     self._examples[key] = UNKNOWN_EXAMPLES
             count = self._examples[key]
+        units = max(count, 1) * item.variant.rollouts_per_example
+        observed = self._observed.per_example(item)
+        if observed is not None:
+            return units * observed[0], observed[1]
         if module not in self._tokens_per_example:
             try:
                 per_example = self._backend_for(module).tokens_per_example()
                 self._tokens_per_example[module] = int(per_example)
             except Exception:
                 self._tokens_per_example[module] = UNKNOWN_TOKENS_PER_EXAMPLE
-        return float(
-            max(count, 1) * item.variant.rollouts_per_example * self._tokens_per_example[module]
-        )
+        return float(units * self._tokens_per_example[module]), ESTIMATED
 
     def _calibrate(self) -> dict[str | None, float]:
-        """Seconds per token seen in remembered durations: per model, and over all (key None)."""
+        """Seconds per token seen in remembered durations: per model, and over all (key None).
+        Durations are divided by :meth:`tokens`, the figure estimates multiply (observed where
+        known), so an observed figure is never paired with a rate calibrated on a static one."""
         seconds: dict[str | None, float] = {}
         tokens: dict[str | None, float] = {}
         for item_id, duration in self._durations.items():

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_modelbench.scheduling.tokens import ESTIMATED, TokenMemory, read_tokens
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 
@@ -32,12 +33,15 @@ def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
 def write_plan(
     config: pytest.Config, items: Sequence[PlannedItem], backend_for: Callable[[str], Any]
 ) -> None:
-    """The dry-run plan: one line per item with its example count and estimated tokens."""
+    """The dry-run plan: one line per item with its example count, tokens per example and
+    estimated tokens, and where the tokens per example come from: ``observed`` in an earlier
+    run (``scheduling/tokens.py``) or ``estimated`` from the suite's static figure."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
-    rows = [["item", "model", "variant", "seed", "examples", "est. tokens"]]
-    total_examples = total_tokens = 0
+    observed = TokenMemory(read_tokens(config))  # one cache read, then lookups
+    rows = [["item", "model", "variant", "seed", "examples", "tokens/ex", "est. tokens", "from"]]
+    total_examples = total_tokens = from_runs = 0
     backends: dict[str, Any] = {}
     # what an item counts depends on its variant, seed and limit, not on its model:
     # a sweep over many models counts each (variant, seed) once
@@ -55,14 +59,16 @@ def write_plan(
                 counts[key] = exc
         count = counts[key]
         if isinstance(count, Exception):
-            rows.append(
-                [item.item_id, item.model_name, item.variant.id, str(item.seed), "?", f"({count})"]
-            )
+            cells = [item.item_id, item.model_name, item.variant.id, str(item.seed), "?"]
+            rows.append([*cells, "", "", f"({count})"])
             continue
         count *= item.variant.rollouts_per_example
-        tokens = count * backend.tokens_per_example()
+        known = observed.per_example(item)
+        per_example, source = known or (backend.tokens_per_example(), ESTIMATED)
+        tokens = round(count * per_example)
         total_examples += count
         total_tokens += tokens
+        from_runs += int(source != ESTIMATED)
         rows.append(
             [
                 item.item_id,
@@ -70,17 +76,20 @@ def write_plan(
                 item.variant.id,
                 str(item.seed),
                 str(count),
+                f"{round(per_example):,}",
                 f"{tokens:,}",
+                source,
             ]
         )
     models = sorted({i.model_name for i in items})
     reporter.write_sep("=", "modelbench plan")
     reporter.ensure_newline()
     # one write for the whole table: per-line terminal writes dominate at 10k+ items
-    reporter.write("\n".join(_table(rows, right={3, 4, 5})) + "\n")
+    reporter.write("\n".join(_table(rows, right={3, 4, 5, 6})) + "\n")
+    seen = f" ({from_runs} of {len(items)} items from observed tokens)" if from_runs else ""
     reporter.write_line(
         f"{len(items)} items, {len(models)} model(s) ({', '.join(models)}), "
-        f"{total_examples:,} examples, ~{total_tokens:,} tokens"
+        f"{total_examples:,} examples, ~{total_tokens:,} tokens{seen}"
     )
 
 
