@@ -198,6 +198,17 @@ class SimNode:
         self.steals = [0, 0]  # asked, granted
         self.sends = 0
         self.ran: list[tuple[float, int]] = []
+        # replicas (Simulation(replicas=True)): the running item's servers and work left
+        self.host = 0
+        self.work_left = 0.0  # seconds of the running item's work on one server
+        self.serving = 1  # servers answering it: its own, replicas, lent ones
+        self.starting = 0  # replicas starting for it
+        self.serve_from = 0.0  # when its own server is ready
+        self.updated = 0.0
+        self.version = 0  # bumps when its completion moves: older events are stale
+        self.replicas = 0  # replicas this worker started (kept across items of one model)
+        self.borrowed: list[SimNode] = []  # idle workers whose servers it uses
+        self.lent_to: SimNode | None = None
 
     def __repr__(self) -> str:
         return f"<SimNode {self.gateway.id}>"
@@ -246,21 +257,51 @@ class SimNode:
         index, self.next = self.next, self.torun.popleft()
         item = self.sim.items[index]
         duration = item.cost
-        if item.model is not None and item.model != self.server:
+        switch = item.model is not None and item.model != self.server
+        if switch:
+            self.sim.release_replicas(self)
             self.server = item.model
             self.starts += 1
             duration += START_S
         self.running = index
         self.ran.append((self.sim.now, index))
-        self.sim.post(duration, "complete", self, (index, duration))
+        if self.sim.replicas and item.model is not None:
+            self.work_left = item.cost
+            self.serve_from = self.sim.now + (START_S if switch else 0.0)
+            self.updated = self.serve_from
+            self.serving = 1 + self.replicas + len(self.borrowed)
+            self.sim.reschedule(self)
+            self.sim.post(self.serve_from - self.sim.now, "check", self, self.host)
+            return
+        self.sim.post(duration, "complete", self, (index, duration, self.version))
 
     def complete(self) -> None:
         self.running = None
 
 
 class Simulation:
-    def __init__(self, items: Sequence[SimItem], make: Maker, workers: int) -> None:
+    """``replicas``: GPUs that workers give back serve the running items' models, through
+    the real decision (``serving.replicas.replicas_that_pay``): a worker with nothing left
+    lends its server to a running item of the same model on its node (no start), else its GPU
+    starts a replica (``START_S``) for the item whose keeper asks first (random order, as the
+    real keepers race for the lock), when it pays. ``per_host`` workers share a node."""
+
+    def __init__(
+        self,
+        items: Sequence[SimItem],
+        make: Maker,
+        workers: int,
+        *,
+        replicas: bool = False,
+        per_host: int = 8,
+        seed: int = 0,
+    ) -> None:
         self.items = list(items)
+        self.replicas = replicas
+        self.free: dict[int, int] = {}  # host -> GPUs given back, unclaimed
+        self.rng = random.Random(seed)
+        self.replica_starts = 0
+        self.lends = 0
         self.now = 0.0
         self._events: list[tuple[float, int, str, SimNode, Any]] = []
         self._seq = 0
@@ -272,6 +313,8 @@ class Simulation:
         )
         self.sched = make(config, lambda: self.now)
         self.nodes = [SimNode(self, f"gw{i}") for i in range(workers)]
+        for i, node in enumerate(self.nodes):
+            node.host = i // per_host
         self.controller_s = 0.0
         self.events = 0
 
@@ -298,7 +341,9 @@ class Simulation:
         while self._events:
             self.now, _, kind, node, payload = heapq.heappop(self._events)
             if kind == "complete":
-                index, duration = payload
+                index, duration, version = payload
+                if version != node.version:
+                    continue  # its completion moved (a replica joined)
                 makespan = max(makespan, self.now)
                 node.complete()
                 self._call(self.sched.mark_test_complete, node, index, duration)
@@ -307,6 +352,10 @@ class Simulation:
                 self._call(self.sched.remove_pending_tests_from_node, node, payload)
             elif kind == "finished" and node in self.sched.nodes:
                 assert self._call(self.sched.remove_node, node) is None
+                if self.replicas:
+                    self.give_back(node)
+            else:
+                self._replica_event(kind, node, payload)
             if not shutting_down and self.sched.tests_finished:  # DSession.triggershutdown
                 shutting_down = True
                 for other in list(self.sched.nodes):
@@ -314,6 +363,111 @@ class Simulation:
         ran = sorted(index for node in self.nodes for _, index in node.ran)
         assert ran == list(range(len(self.items))), "every item runs exactly once"
         return makespan
+
+    # -- replicas ----------------------------------------------------------------------------
+    def _replica_event(self, kind: str, node: SimNode, payload: Any) -> None:
+        if kind == "replica":
+            self.replica_ready(node, payload)
+        elif kind == "check":
+            self.grow(payload)
+
+    def _update(self, node: SimNode) -> None:
+        if self.now > node.updated:
+            node.work_left = max(0.0, node.work_left - (self.now - node.updated) * node.serving)
+            node.updated = self.now
+
+    def reschedule(self, node: SimNode) -> None:
+        """Post the running item's completion for its servers now."""
+        assert node.running is not None
+        self._update(node)
+        node.version += 1
+        begin = max(self.now, node.serve_from)
+        end = begin + node.work_left / node.serving
+        duration = end - self.now
+        self.post(duration, "complete", node, (node.running, duration, node.version))
+
+    def _running(self, host: int) -> list[SimNode]:
+        return [
+            n
+            for n in self.nodes
+            if n.host == host
+            and n.running is not None
+            and n.server is not None
+            and self.items[n.running].model is not None
+        ]
+
+    def give_back(self, node: SimNode) -> None:
+        """A worker with nothing left: lend its server, else free its GPU."""
+        self.release_replicas(node)
+        takers = [n for n in self._running(node.host) if n.server == node.server]
+        if node.server is not None and takers:
+            taker = self.rng.choice(takers)
+            self._update(taker)
+            taker.borrowed.append(node)
+            node.lent_to = taker
+            taker.serving += 1
+            self.lends += 1
+            self.reschedule(taker)
+            return
+        self.free[node.host] = self.free.get(node.host, 0) + 1
+        self.grow(node.host)
+
+    def release_replicas(self, node: SimNode) -> None:
+        """A model switch or the end: replicas stop, lent servers go back."""
+        if node.replicas:
+            self.free[node.host] = self.free.get(node.host, 0) + node.replicas
+            node.replicas = 0
+        lenders, node.borrowed = node.borrowed, []
+        for lender in lenders:
+            lender.lent_to = None
+            self.give_back(lender)
+        if node.starting:
+            node.starting = 0  # their GPUs come back when the starts would have finished
+        self.post(0.0, "check", node, node.host)
+
+    def grow(self, host: int) -> None:
+        """Every running item on ``host`` asks for the free GPUs it pays to use (random
+        order: the real keepers race)."""
+        # lazily: the simulation without replicas does not need the serving package
+        from pytest_modelbench.serving.replicas import replicas_that_pay
+
+        running = self._running(host)
+        self.rng.shuffle(running)
+        for node in running:
+            if self.free.get(host, 0) <= 0:
+                return
+            if self.now < node.serve_from:
+                continue
+            self._update(node)
+            wanted = replicas_that_pay(
+                remaining=math.ceil(node.work_left * 1000),
+                rate_per_server=1000.0,
+                serving=node.serving,
+                starting=node.starting,
+                start_s=START_S,
+                free=self.free[host],
+            )
+            if wanted:
+                self.free[host] -= wanted
+                node.starting += wanted
+                self.replica_starts += wanted
+                for _ in range(wanted):
+                    self.post(START_S, "replica", node, (node.running, node.server))
+
+    def replica_ready(self, node: SimNode, payload: tuple[int | None, str | None]) -> None:
+        index, model = payload
+        if node.starting <= 0 or node.server != model:  # released while starting
+            self.free[node.host] = self.free.get(node.host, 0) + 1
+            self.grow(node.host)
+            return
+        node.starting -= 1
+        node.replicas += 1
+        if node.running is not None and (
+            node.running == index or self.items[node.running].model == model
+        ):
+            self._update(node)
+            node.serving += 1
+            self.reschedule(node)
 
 
 def _modelbench(items: Sequence[SimItem]) -> Maker:
@@ -331,14 +485,22 @@ SCHEDULERS: dict[str, Callable[[Sequence[SimItem]], Maker]] = {
 }
 
 
-def simulate(scenario: Scenario, scheduler: str, workers: int | None = None) -> Outcome:
+REPLICAS = "modelbench + replicas"  # modelbench's scheduler with replicas on given-back GPUs
+VARIANTS = (*SCHEDULERS, REPLICAS)
+
+
+def simulate(
+    scenario: Scenario, scheduler: str, workers: int | None = None, seed: int = 0
+) -> Outcome:
     workers = workers or scenario.workers
-    sim = Simulation(scenario.items, SCHEDULERS[scheduler](scenario.items), workers)
+    replicas = scheduler == REPLICAS
+    make = SCHEDULERS["modelbench" if replicas else scheduler](scenario.items)
+    sim = Simulation(scenario.items, make, workers, replicas=replicas, seed=seed)
     makespan = sim.run()
     return Outcome(
         scenario.name,
         scheduler,
-        sum(n.starts for n in sim.nodes),
+        sum(n.starts for n in sim.nodes) + sim.replica_starts,
         makespan,
         scenario.bound(workers),
         scenario.item_bound(workers),
@@ -381,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + ", ".join(f"{m} {r / 1000:.1f}k tok/s" for m, r in FLEET_RATES.items())
         + ")\n"
     )
-    print(table([simulate(s, name) for s in fleet_scenarios() for name in SCHEDULERS]))
+    print(table([simulate(s, name) for s in fleet_scenarios() for name in VARIANTS]))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ class EndpointManager:
                 "set api_base_url in models.yaml or pass --api-base-url URL"
             )
         base_url, served = self.serving.ensure(item)
+        live = self.urls((base_url,), served)
+        self.serving.share(live)  # replicas of this server join the set
         return Endpoint(
             base_urls=(base_url,),
             served_model=served,
@@ -112,7 +114,7 @@ class EndpointManager:
             preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
             checked=self._checked,
             died=self.serving.death_report,
-            urls=self.urls((base_url,), served),
+            urls=live,
         )
 
     def identity(self, item: PlannedItem) -> dict[str, Any] | IdentityUnknown | None:
@@ -135,6 +137,11 @@ class EndpointManager:
         if isinstance(found, _NotServed):
             raise EvaluationError(found.reason)
         return found
+
+    def item_done(self) -> None:
+        """After an item: say what happened to replicas while it ran (in its test)."""
+        if self.serving is not None:
+            self.serving.report_replicas()
 
     def recover(self, item: PlannedItem) -> bool:
         """After a failed item: True when its server had died and was restarted (retry it)."""

@@ -148,11 +148,14 @@ class ItemEvaluator:
         """The item's result: read back, continued or computed; a served model whose server
         died is restarted once and the item continues from its journal."""
         try:
-            return self._evaluate_once(item)
-        except EvaluationError:
-            if not self.endpoints.recover(item):
-                raise
-            return self._evaluate_once(item)
+            try:
+                return self._evaluate_once(item)
+            except EvaluationError:
+                if not self.endpoints.recover(item):
+                    raise
+                return self._evaluate_once(item)
+        finally:
+            self.endpoints.item_done()
 
     def _evaluate_once(self, item: PlannedItem) -> EvalResult:
         backend: Backend = self.resolve(item.variant.module)

@@ -1,8 +1,9 @@
 """The per-item evaluation loop: keep ``max_concurrent`` requests in flight, journal every example.
 
-A fixed pool of worker coroutines pulls (example, rollout) work units from
-one iterator, so memory stays flat for 100k-example items and the server
-always has ``max_concurrent`` requests to batch. Each finished example is one
+A pool of lanes (coroutines) pulls (example, rollout) work units from one
+iterator, so memory stays flat for 100k-example items and each server always
+has ``max_concurrent`` requests to batch: when a replica joins the model's URL
+set the pool grows, when a server leaves it shrinks. Each finished example is one
 journal line (``store.Journal``); failures after retries are recorded as
 errors, never as wrong answers. Heavy scorers run in worker processes
 (``running.scoring``), waiting ones in threads: the loop never waits on scoring.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,8 @@ from pytest_modelbench.running.scoring import off_loop_scorer
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, Suite
+
+GROW_EVERY_S = 0.5  # how soon the lanes follow a server joining or leaving
 
 
 def request_seed(item_seed: int, example_id: str, rollout: int) -> int:
@@ -145,22 +148,61 @@ async def run_loop(
             completion_tokens=completion.completion_tokens or 0,
         )
 
-    async def worker() -> None:
-        for example, rollout in units:  # shared iterator: each unit is taken exactly once
-            if client.dead is not None:
-                return  # the endpoint is gone: leave the rest for the next run
-            await one(example, rollout)
+    def capacity() -> int:
+        """``max_concurrent`` requests in flight per server: replicas raise it as they join."""
+        return max(1, settings.max_concurrent) * max(1, len(client.urls.urls))
 
-    workers = [asyncio.create_task(worker()) for _ in range(max(1, settings.max_concurrent))]
     try:
-        await asyncio.gather(*workers)
+        await run_lanes(units, one, capacity, lambda: client.dead is not None)
     finally:
-        for task in workers:
-            task.cancel()
         stats.wall_s = time.perf_counter() - started
     if client.dead is not None:
         raise EndpointGone(client.dead)
     return stats
+
+
+async def run_lanes(
+    units: Iterator[tuple[Example, int]],
+    one: Callable[[Example, int], Awaitable[None]],
+    capacity: Callable[[], int],
+    stopped: Callable[[], bool],
+) -> None:
+    """Run ``one`` on every unit with ``capacity()`` lanes, followed as it changes: lanes are
+    added within ``GROW_EVERY_S`` when it grows, and lanes over it end after their current
+    unit when it shrinks. ``stopped()``: take no more units (the endpoint is gone)."""
+    lanes: set[asyncio.Task[None]] = set()
+    running = 0  # lanes still taking units
+    exhausted = False
+
+    async def lane() -> None:
+        nonlocal running, exhausted
+        try:
+            while not stopped() and running <= capacity():
+                unit = next(units, None)  # shared iterator: each unit is taken exactly once
+                if unit is None:
+                    exhausted = True
+                    return
+                await one(*unit)
+        finally:
+            running -= 1
+
+    def grow() -> None:
+        nonlocal running
+        while not exhausted and not stopped() and running < capacity():
+            running += 1
+            lanes.add(asyncio.create_task(lane()))
+
+    grow()
+    try:
+        while lanes:
+            done, _ = await asyncio.wait(lanes, timeout=GROW_EVERY_S)
+            for task in done:
+                lanes.discard(task)
+                task.result()  # a lane's error ends the loop, as it always did
+            grow()
+    finally:
+        for task in lanes:
+            task.cancel()
 
 
 def _complete_row(

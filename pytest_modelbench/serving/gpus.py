@@ -54,6 +54,7 @@ __all__ = [
     "default_lock_dir",
     "discover_gpus",
     "parse_gpu_list",
+    "session_gpus",
     "tensor_parallel_warning",
     "warn_if_tensor_parallel",
 ]
@@ -447,7 +448,7 @@ def _ensure_lock_dir(lock_dir: Path) -> None:
         os.chmod(lock_dir, 0o1777)
 
 
-def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
+def _try_lock(lock_dir: Path, gpu_id: str, session: str | None = None) -> _GpuLock | None:
     path = _lock_path(lock_dir, gpu_id)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -461,7 +462,10 @@ def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
         os.close(fd)
         return None
     if writable:
-        note = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%FT%T')}\n"
+        note = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%FT%T')}"
+        if session:  # the note outlives the lock: replicas find GPUs their session gave back
+            note += f" session={session} gpu={gpu_id}"
+        note += "\n"
         os.ftruncate(fd, 0)
         os.pwrite(fd, note.encode(), 0)
     return _GpuLock(path, fd)
@@ -518,10 +522,12 @@ def claim(
     busy_mib: int | None = None,
     wait_s: float = 0.0,
     warn_tensor_parallel: bool = True,
+    session: str | None = None,
 ) -> GpuClaim:
     """Lock ``n_per_server`` free GPUs for this process.
 
     ``warn_tensor_parallel=False``: the caller warns itself (ServerPool, naming the model).
+    ``session``: the pytest session's id, noted in each lock file (see :func:`session_gpus`).
 
     Returns an empty (CPU) claim when the host has no GPU at all; raises
     :class:`NoFreeGpuError` when GPUs exist but fewer than ``n_per_server`` are free within
@@ -544,7 +550,7 @@ def claim(
         taken: list[str] = []
         busy: list[str] = []
         for gpu in inventory.gpus:
-            lock = _try_lock(lock_dir, gpu.id)
+            lock = _try_lock(lock_dir, gpu.id, session)
             if lock is None:
                 taken.append(gpu.id)
                 continue
@@ -567,6 +573,46 @@ def claim(
                 _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib)
             )
         time.sleep(min(2.0, max(0.05, end - time.monotonic())))
+
+
+def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:
+    """GPUs of this host that a process of ``session`` claimed and that nobody holds now:
+    the lock file's note names the session until another claim rewrites it."""
+    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    host = socket.gethostname()
+    found: list[str] = []
+    try:
+        paths = sorted(lock_dir.glob("gpu-*.lock"))
+    except OSError:
+        return ()
+    for path in paths:
+        try:
+            fields = dict(part.split("=", 1) for part in path.read_text().split() if "=" in part)
+        except OSError:
+            continue
+        gpu = fields.get("gpu")
+        if fields.get("session") != session or fields.get("host") != host or gpu is None:
+            continue
+        if _unheld(path):  # held: a process of the session still uses it
+            found.append(gpu)
+    return tuple(found)
+
+
+def _unheld(path: Path) -> bool:
+    """Whether nobody holds the lock at ``path`` (its note is left as it is)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _no_free_message(

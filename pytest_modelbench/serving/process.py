@@ -328,6 +328,8 @@ class ServerProcess:
     def _wait_ready(self, deadline_s: float) -> None:
         end = time.monotonic() + deadline_s
         while True:
+            if self._proc is None:  # stopped from another thread (a replica given up)
+                raise ServerStartError(f"{self.label} was stopped while starting")
             code = self.returncode()
             if code is not None:
                 self.stop()

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
+from pytest_modelbench.config.loading import display_path
 from pytest_modelbench.config.options import RunOptions
+from pytest_modelbench.config.variants import SAMPLING_PREFIX
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import PlanWarning, build_plan
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
 ITEM_PROPERTY = PROPERTY_PREFIX + "item"
 MARKER_KEYWORDS = ("model", "env", "variant")  # @pytest.mark.modelbench(...)
+NO_REPLICAS_ENV = "MODELBENCH_NO_REPLICAS"  # set: every item runs on its own worker's server
 
 
 class ModelbenchSession:
@@ -52,6 +55,7 @@ class ModelbenchSession:
         self._plan_error: str | None = None
         self._run_dir: Path | None = None
         self._evaluator: Any = None
+        self._server_pool: Any = None  # serving.ServerPool, made by the first that needs it
         self._book: Any = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
@@ -94,7 +98,8 @@ class ModelbenchSession:
         if prefix in ("verifiers", "lm_eval"):
             hint = f"; the {prefix} backend needs its extra: pip install 'pytest-modelbench[{prefix.replace('_', '-')}]'"
         raise ModelbenchUsageError(
-            f"{where}: unknown module {module!r}{did_you_mean(module, names)}; accepted: {one_of(names)}{hint}"
+            f"{where}: unknown module {shown_value(module)}{did_you_mean(module, names)}; "
+            f"accepted: {one_of(names)}{hint}"
         )
 
     @property
@@ -106,28 +111,37 @@ class ModelbenchSession:
         return self._plan
 
     def _check_env_args(self, plan: Plan) -> None:
-        """``--env-args`` keys a planned variant's module refuses: a usage error now that
-        names the flag, rather than an item error at run time that names the env file."""
+        """``--env-args`` keys, and env args a ``matrix:`` sweep adds, that a planned variant's
+        module refuses: a usage error now that names the flag or the env file's matrix key,
+        rather than an item error at run time."""
         given = self.options.env_args
-        if not given:
-            return
         checked: set[str] = set()
         for item in plan.items:
-            if item.variant.id in checked:
+            swept = [k for k in item.variant.matrix_values if not k.startswith(SAMPLING_PREFIX)]
+            if (not given and not swept) or item.variant.id in checked:
                 continue
             checked.add(item.variant.id)
             message = _env_args_refusal(self.backend_for(item.variant.module), item)
-            # the flag is to blame when the refusal names one of its keys; a mistake of the
-            # env file itself is reported where the file is named, when the item runs
-            if message is not None and any(repr(key) in message for key in given):
+            if message is None:
+                continue
+            # the flag is to blame when the refusal names one of its keys, the matrix when it
+            # names one of its keys; any other mistake of the env file itself is reported where
+            # the file is named, when the item runs
+            if any(repr(key) in message for key in given):
                 raise ModelbenchUsageError(
                     f"--env-args: variant {item.variant.id!r} (module {item.variant.module}): "
                     f"{message}"
                 )
+            blamed = next((key for key in swept if repr(key) in message), None)
+            if blamed is not None:
+                raise ModelbenchUsageError(
+                    f"{display_path(item.variant.source)}: variant {item.variant.id!r}: "
+                    f"matrix.{blamed}: {message}"
+                )
 
     def plan_costs(self) -> PlanCosts:
         """The scheduler's cost model: the plan, the items this run already finished, and the
-        remembered durations."""
+        remembered durations and tokens per example."""
         try:
             items = self.plan.by_id() if self.active else {}
         except ModelbenchUsageError:  # reported by pytest_collection_modifyitems; schedule plainly
@@ -136,7 +150,12 @@ class ModelbenchSession:
         if items and not self.options.force:
             with contextlib.suppress(OSError):  # no run directory yet: nothing is finished
                 finished = RunStore(self.run_dir).finished_item_ids()
-        return PlanCosts(items, self.backend_for, read_durations(self.config), finished)
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.scheduling.tokens import read_tokens
+
+        return PlanCosts(
+            items, self.backend_for, read_durations(self.config), finished, read_tokens(self.config)
+        )
 
     # -- run directory ---------------------------------------------------------------------
     @property
@@ -280,6 +299,8 @@ class ModelbenchSession:
             if hasattr(item, "callspec") and "mb_item" in item.callspec.params
         }
         self._selected = [i for i in self._plan.items if i.item_id in selected]
+        if is_worker(self.config) and not session.config.option.collectonly:
+            self._reserve_gpus()
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.session.terminal import write_plan
@@ -295,12 +316,9 @@ class ModelbenchSession:
 
             store = RunStore(self.run_dir)
             store.init(run_name=self.plan.run_name, versions=versions())
-            from pytest_modelbench.serving.pool import ServerPool
-
-            serving = ServerPool(self.run_dir, gpus_option=self.options.gpus)
-            endpoints = EndpointManager(serving=serving)
             from pytest_modelbench.running.progress import PROGRESS_SINK
 
+            endpoints = EndpointManager(serving=self.server_pool())
             self._evaluator = ItemEvaluator(
                 self.options,
                 store,
@@ -309,6 +327,40 @@ class ModelbenchSession:
                 self.config.stash.get(PROGRESS_SINK, None),
             )
         return self._evaluator
+
+    def server_pool(self) -> Any:
+        """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
+        if self._server_pool is None:
+            # lazily: loaded only when this runs, not at every pytest start-up
+            from pytest_modelbench.running.progress import PROGRESS_SINK, RecordingProgress
+            from pytest_modelbench.serving.pool import ServerPool
+            from pytest_modelbench.serving.replicas import item_progress
+
+            workerinput = getattr(self.config, "workerinput", None)
+            if os.environ.get(NO_REPLICAS_ENV):  # one server per item, as before replicas
+                workerinput = None
+            if workerinput is not None and PROGRESS_SINK not in self.config.stash:
+                # no live display (-q, no terminal): replicas still need the item's rate
+                self.config.stash[PROGRESS_SINK] = RecordingProgress()
+            self._server_pool = ServerPool(
+                self.run_dir,
+                gpus_option=self.options.gpus,
+                # replicas: only xdist workers share GPUs (with the others of their session)
+                session=workerinput.get("testrunuid") if workerinput else None,
+                progress=item_progress(self.config.stash.get(PROGRESS_SINK, None)),
+            )
+        return self._server_pool
+
+    def _reserve_gpus(self) -> None:
+        """An xdist worker claims its GPUs once it knows its session serves models: one that
+        ends up with nothing to run gives them back to the session when it exits (replicas)."""
+        served = [
+            item.model.serve.gpus if item.model.serve is not None else 1
+            for item in self._selected or ()
+            if not item.model.api_base_url and not item.model.solutions
+        ]
+        if served and getattr(self.config, "workerinput", None) is not None:
+            self.server_pool().reserve(max(1, *served))
 
     def backend_for(self, module: str) -> Any:
         backend = self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module)
@@ -533,6 +585,8 @@ class ModelbenchSession:
         """Last: this process's servers stop; ``--update-baselines`` writes settled scores."""
         if self._evaluator is not None:
             self._evaluator.endpoints.close()  # stop this process's servers, release its GPUs
+        elif self._server_pool is not None:
+            self._server_pool.close()  # GPUs reserved, no item run: give them back
         if is_worker(self.config) or not self.records:
             return
         if self.options.update_baselines:

@@ -28,6 +28,9 @@ def test_modules_are_imported_once_in_a_daemon_thread() -> None:
 
 def test_session_end_modules_are_the_parquet_writer() -> None:
     assert prefetch.SESSION_END_MODULES[0] == "pyarrow"
+    # an in-process pytester run earlier in this worker may have imported them and then
+    # restored sys.modules: start afresh
+    prefetch._started.difference_update(prefetch.SESSION_END_MODULES)
     prefetch.prefetch(prefetch.SESSION_END_MODULES)
     _join_prefetch()
     assert "pyarrow.parquet" in sys.modules

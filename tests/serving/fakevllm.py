@@ -5,7 +5,9 @@
 vLLM (GPU claim, command line, environment, health wait, reuse, stop); it serves a
 :class:`~pytest_modelbench.testing.SimServer` and appends one JSON line per start to
 ``servers.jsonl`` (served name, ``--model`` path, ``CUDA_VISIBLE_DEVICES``, worker,
-``FAKE_HOST``, working directory), and every request to ``requests.jsonl``.
+``FAKE_HOST``, working directory), and every request to ``requests.jsonl`` (one file per
+server, ``requests-gpu<N>.jsonl``, with ``FAKE_VLLM_LOG_PER_SERVER``). ``FAKE_VLLM_LATENCY``
+and ``FAKE_VLLM_SLOTS`` make it an engine with fixed batch slots and latency.
 """
 
 from __future__ import annotations
@@ -43,12 +45,18 @@ record = {
 with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
 crash_after = int(os.environ.get("FAKE_VLLM_CRASH_AFTER") or 0)
+requests_log = os.environ.get("FAKE_VLLM_REQUESTS")
+if requests_log and os.environ.get("FAKE_VLLM_LOG_PER_SERVER"):  # requests-gpu<N>.jsonl
+    gpus = (os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu").replace(",", "_")
+    requests_log = requests_log.replace(".jsonl", f"-gpu{gpus}.jsonl")
 config = SimConfig(
     models=(args.served_model_name,),
-    latency=0.3 if crash_after else 0.0,  # time to die between two answers
+    # FAKE_VLLM_LATENCY / FAKE_VLLM_SLOTS: an engine with fixed batch slots and latency
+    latency=float(os.environ.get("FAKE_VLLM_LATENCY") or (0.3 if crash_after else 0.0)),
+    slots=int(os.environ.get("FAKE_VLLM_SLOTS") or 64),
     port=args.port,
     host=args.host,
-    log_path=os.environ.get("FAKE_VLLM_REQUESTS"),
+    log_path=requests_log,
 )
 with SimServer(config) as server:
     while True:  # FAKE_VLLM_CRASH_AFTER=N: the engine dies after N answers, as vLLM's does

@@ -63,7 +63,7 @@ def check_placement(root: Path, fake_vllm: Path) -> None:
         assert placed.setdefault(server["worker"], where) == where, server
     for host, gpus in HOSTS.items():
         assert sorted(gpu for h, gpu in placed.values() if h == host) == sorted(gpus)
-        claims = sorted(p.name for p in (root / f"host-{host}" / "gpu-locks").iterdir())
+        claims = sorted(p.name for p in (root / f"host-{host}" / "gpu-locks").glob("gpu-*"))
         assert claims == sorted(f"gpu-{g}.lock" for g in gpus)
     assert sorted(s["model"] for s in servers) == sorted(MODELS)
     assert {s["cwd"] for s in servers} == {str(root)}

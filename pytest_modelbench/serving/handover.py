@@ -1,0 +1,232 @@
+"""Lending a live server to another worker of the same session on this node.
+
+A worker with nothing left to run whose server holds the model of an item still running on
+its node does not stop that server: it offers it, and the running item's worker takes it as
+a replica at once (no start). Files in a host-local directory next to the GPU locks
+(``<lock dir>/session-<id>/``) carry the protocol, with ``flock`` locks, which the kernel
+drops when a process dies:
+
+* ``want-<worker>.lock``: held by a worker while it serves ``key`` (the launch of its
+  server: weights, served name, engine args, GPUs per server) and could use more servers;
+* ``offer-<worker>.json``: a server of ``key`` at ``url`` (process ``pid``), offered by a
+  worker that has nothing left to run; it waits while anyone wants ``key``;
+* ``taken-<worker>.lock``: held by the worker using that offer; when it lets go (its item's
+  model is done, or it died) the lender stops waiting and stops its server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+OFFER_POLL_S = 0.2
+
+__all__ = ["Borrowed", "Offer", "Wanted", "launch_key", "take", "wanted"]
+
+
+def launch_key(fields: Mapping[str, Any]) -> str:
+    """Servers started from equal launches are interchangeable."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def session_dir(session: str, lock_dir: Path) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in session)
+    return lock_dir / f"session-{safe}"
+
+
+def _held(path: Path) -> bool:
+    """Whether some process holds the lock at ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _lock(path: Path) -> int | None:
+    """A held exclusive lock on ``path`` (created if missing), or None when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+class Wanted:
+    """Says "more servers of ``key`` are welcome here" while open."""
+
+    def __init__(self, session: str, worker: str, key: str, lock_dir: Path) -> None:
+        directory = session_dir(session, lock_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"want-{worker}.lock"
+        fd = _lock(self.path)
+        if fd is None:
+            raise RuntimeError(f"{self.path} is held by another process")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, key.encode(), 0)
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            _unlock(fd)
+            _tidy(self.path.parent)
+
+
+def wanted(session: str, key: str, lock_dir: Path) -> bool:
+    """Whether a live worker of the session on this node wants servers of ``key``."""
+    directory = session_dir(session, lock_dir)
+    for path in _glob(directory, "want-*.lock"):
+        with contextlib.suppress(OSError):
+            if path.read_text() == key and _held(path):
+                return True
+    return False
+
+
+def _tidy(directory: Path) -> None:
+    """Remove the session's directory once nothing is left in it (the last one out)."""
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+def _glob(directory: Path, pattern: str) -> Iterator[Path]:
+    try:
+        yield from sorted(directory.glob(pattern))
+    except OSError:
+        return
+
+
+class Offer:
+    """The lender's side: offers a running server while anyone wants its ``key``."""
+
+    def __init__(
+        self, session: str, worker: str, key: str, url: str, pid: int | None, lock_dir: Path
+    ) -> None:
+        self.directory = session_dir(session, lock_dir)
+        self.session = session
+        self.key = key
+        self.lock_dir = lock_dir
+        self.path = self.directory / f"offer-{worker}.json"
+        self.taken = self.directory / f"taken-{worker}.lock"
+        self.record = {"key": key, "url": url, "pid": pid, "worker": worker}
+        self.lent = 0  # how many times a worker took it
+
+    def lend(self, alive: Any = lambda: True, poll_s: float = OFFER_POLL_S) -> int:
+        """Offer the server and wait while it is in use or wanted; withdraw it when nobody
+        wants it any more (or the server died). Returns how many times it was taken."""
+        if not wanted(self.session, self.key, self.lock_dir):
+            return 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record))
+        os.replace(tmp, self.path)
+        try:
+            using = False
+            while alive():
+                if _held(self.taken):
+                    using = True
+                elif using:  # let go: count it, and offer it again to whoever still wants it
+                    using = False
+                    self.lent += 1
+                elif not wanted(self.session, self.key, self.lock_dir):
+                    break
+                time.sleep(poll_s)
+        finally:
+            self._withdraw()
+        return self.lent
+
+    def _withdraw(self) -> None:
+        """Remove the offer; a taker that locked it just before keeps it until it lets go."""
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        while True:
+            fd = _lock(self.taken)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    self.taken.unlink()
+                _unlock(fd)
+                _tidy(self.directory)
+                return
+            time.sleep(OFFER_POLL_S)
+
+
+class Borrowed:
+    """The taker's side: another worker's server, used as a replica until :meth:`stop`."""
+
+    def __init__(self, url: str, pid: int | None, worker: str, fd: int) -> None:
+        self.base_url = url
+        self.pid = pid
+        self.worker = worker
+        self._fd: int | None = fd
+
+    def is_alive(self) -> bool:
+        if self.pid is None:
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def stop(self) -> None:
+        """Give it back (its worker stops it once nobody wants it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _unlock(fd)
+
+    def death_report(self) -> str | None:
+        if self.is_alive():
+            return None
+        return f"the server lent by worker {self.worker} (pid {self.pid}) exited"
+
+
+def take(session: str, key: str, lock_dir: Path) -> Borrowed | None:
+    """An offered server of ``key``, locked for this process; None when none is free."""
+    directory = session_dir(session, lock_dir)
+    for path in _glob(directory, "offer-*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("key") != key:
+            continue
+        worker = str(record.get("worker"))
+        try:
+            fd = _lock(directory / f"taken-{worker}.lock")
+        except OSError:
+            continue
+        if fd is None:
+            continue
+        if not path.exists():  # withdrawn meanwhile
+            _unlock(fd)
+            continue
+        pid = record.get("pid")
+        return Borrowed(str(record["url"]), pid if isinstance(pid, int) else None, worker, fd)
+    return None

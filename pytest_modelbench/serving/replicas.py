@@ -1,0 +1,375 @@
+"""Replicas: more servers for the model a worker serves, on GPUs its session gave back.
+
+Items are the unit of parallelism, so near the end of a session the workers that have nothing
+left to start exit while one large item may still have most of its work ahead, and their GPUs
+idle. A worker running an item of a model it serves watches for GPUs of this node that other
+workers of the same pytest session claimed and released (the GPU lock notes name the session,
+see :func:`~.gpus.session_gpus`), and starts a replica of its server on them when the
+remaining work pays for the start (:func:`replicas_that_pay`). A replica joins the item's
+:class:`~pytest_modelbench.running.urls.UrlSet`: requests spread over every server at once,
+and the built-in suites raise their concurrency to ``max_concurrent`` per server.
+
+A worker with nothing left to run whose server already holds that model lends it instead of
+stopping it (``serving/handover.py``): it joins at once, with no start to pay for.
+
+The worker stays the only journal writer. A replica that dies costs only its requests in
+flight (the endpoint pool retries them on the other servers) and is reported; its GPUs are
+released. Replicas stop with the worker's server: on a model switch, at the end of the
+session, on Ctrl-C (and by their watchdog if the worker is killed).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_modelbench.running.urls import UrlSet
+
+POLL_S = 1.0  # how often a worker looks for GPUs its session gave back
+RATE_WINDOW_S = 20.0  # the item's recent rate is measured over this long ...
+MIN_RATE_SPAN_S = 1.0  # ... and over at least this long before anything is decided
+MIN_SERVE_FRACTION = 0.5  # a replica must serve at least this share of its own start time
+
+
+class Server(Protocol):
+    """What a replica needs of a server (``serving.vllm.VllmServer`` is one)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    def is_alive(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def death_report(self) -> str | None: ...
+
+
+class Claim(Protocol):
+    gpus: tuple[str, ...]
+
+    def release(self) -> None: ...
+
+
+def replicas_that_pay(
+    *,
+    remaining: int,
+    rate_per_server: float,
+    serving: int,
+    starting: int,
+    start_s: float,
+    free: int,
+    min_serve_fraction: float = MIN_SERVE_FRACTION,
+) -> int:
+    """How many replicas to start now, on at most ``free`` GPU groups.
+
+    ``remaining`` examples at ``rate_per_server`` examples/s per server is the work left, in
+    server-seconds. The ``serving`` servers work on while new ones start (``start_s``); the
+    ``starting`` ones and the new ones join after about ``start_s``. The j-th new replica then
+    serves about (work left at that moment) / (every server) seconds, and is started only when
+    that is at least ``min_serve_fraction`` of its start time: a start that would serve for
+    less than that is not worth the GPU.
+    """
+    if remaining <= 0 or rate_per_server <= 0 or start_s < 0 or free <= 0:
+        return 0
+    work_after_start = remaining / rate_per_server - serving * start_s
+    if work_after_start <= 0:
+        return 0
+    floor_s = max(min_serve_fraction * start_s, 1e-9)
+    most = int(work_after_start / floor_s) - serving - starting
+    return max(0, min(free, most))
+
+
+class RateMeter:
+    """Examples per second over a sliding window of (time, done) samples."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S, min_span_s: float = MIN_RATE_SPAN_S):
+        self.window_s = window_s
+        self.min_span_s = min_span_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, done: int) -> None:
+        if self._samples and done < self._samples[-1][1]:  # another item started
+            self._samples.clear()
+        self._samples.append((now, done))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+
+    def rate(self) -> float | None:
+        """None until the samples span ``min_span_s`` and something finished in them."""
+        if len(self._samples) < 2:
+            return None
+        (t0, d0), (t1, d1) = self._samples[0], self._samples[-1]
+        if t1 - t0 < self.min_span_s or d1 <= d0:
+            return None
+        return (d1 - d0) / (t1 - t0)
+
+    def reset(self) -> None:
+        self._samples.clear()
+
+
+class _Lent:
+    """The claim of a borrowed server: its GPUs stay with the worker that lent it."""
+
+    gpus: tuple[str, ...] = ()
+
+    def release(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Replica:
+    claim: Claim
+    index: int
+    server: Server | None = None  # set once launched (it may still be starting)
+    ready: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def where(self) -> str:
+        if isinstance(self.claim, _Lent):
+            return "the replica lent by another worker"
+        return f"the replica on GPU {','.join(self.claim.gpus)}"
+
+
+class ReplicaSet:
+    """The replicas of one worker's server for one model; a daemon thread grows and reaps them.
+
+    ``launch(gpus, index)`` builds a server on ``gpus``, calls ``on_launched(server)`` as soon
+    as its process exists (so :meth:`stop` can kill a start in progress) and returns once it
+    serves; ``claim()`` locks free GPUs of the session for one server, or None;
+    ``progress()`` is the running item's ``(done, total)``, None between items;
+    ``borrow()`` a live server of the same model that another worker lends, or None.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        urls: UrlSet,
+        launch: Callable[[tuple[str, ...], int, Callable[[Server], None]], Server],
+        claim: Callable[[], Claim | None],
+        progress: Callable[[], tuple[int, int] | None],
+        start_s: float,
+        borrow: Callable[[], Server | None] = lambda: None,
+        poll_s: float = POLL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self._borrow = borrow
+        self.urls = urls
+        self._launch = launch
+        self._claim = claim
+        self._progress = progress
+        self.start_s = start_s
+        self.poll_s = poll_s
+        self._clock = clock
+        self._meter = RateMeter()
+        self._lock = threading.Lock()
+        self._replicas: list[_Replica] = []
+        self._notes: list[str] = []
+        self._failed = False  # a replica failed to start: no more attempts for this server
+        self._serving_seen = 1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started = 0  # replicas that served
+        self.borrowed = 0  # of them, servers lent by other workers
+        self._launches = 0  # replicas this set started (numbers their logs)
+
+    # -- life ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"modelbench-replicas-{self.model}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop looking, stop every replica (starting ones too) and release their GPUs."""
+        self._stop.set()
+        with self._lock:
+            replicas, self._replicas = self._replicas, []
+        for replica in replicas:
+            self._retire(replica)
+        for replica in replicas:
+            if replica.thread is not None and replica.thread is not threading.current_thread():
+                replica.thread.join(timeout=30)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def attach(self, urls: UrlSet) -> None:
+        """Serve a new URL set (the primary restarted on another port): replicas move to it."""
+        with self._lock:
+            old, self.urls = self.urls, urls
+            live = [r.server.base_url for r in self._replicas if r.ready and r.server]
+        for url in live:
+            old.remove(url)
+            urls.add(url)
+
+    # -- what the worker reads ---------------------------------------------------------------
+    @property
+    def serving(self) -> int:
+        """Servers answering this model's requests: the worker's own and ready replicas."""
+        with self._lock:
+            return 1 + sum(r.ready for r in self._replicas)
+
+    def drain_notes(self) -> list[str]:
+        """What happened to replicas since the last call (deaths, failed starts)."""
+        with self._lock:
+            notes, self._notes = self._notes, []
+        return notes
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self._reap()
+                self.step()
+            except Exception as exc:  # replicas only help; never kill the worker
+                self._note(f"{self.model}: replicas stopped after an unexpected error: {exc!r}")
+                return
+
+    def step(self) -> int:
+        """One look: start the replicas that pay; returns how many were launched."""
+        progress = self._progress()
+        if progress is None or self._failed:
+            self._meter.reset()
+            return 0
+        done, total = progress
+        if done < total:
+            self._adopt()
+        serving = self.serving
+        if serving != self._serving_seen:  # the rate was measured with fewer servers
+            self._serving_seen = serving
+            self._meter.reset()
+        self._meter.add(self._clock(), done)
+        rate = self._meter.rate()
+        if rate is None:
+            return 0
+        with self._lock:
+            starting = sum(not r.ready for r in self._replicas)
+        launched = 0
+        while not self._stop.is_set() and not self._failed:
+            wanted = replicas_that_pay(
+                remaining=total - done,
+                rate_per_server=rate / serving,
+                serving=serving,
+                starting=starting + launched,
+                start_s=self.start_s,
+                free=1,
+            )
+            if not wanted:
+                break
+            claim = self._claim()
+            if claim is None:
+                break
+            self._begin(claim)
+            launched += 1
+        return launched
+
+    def _adopt(self) -> None:
+        """Every server other workers lend: they serve already, so they always pay."""
+        while not self._stop.is_set():
+            server = self._borrow()
+            if server is None:
+                return
+            with self._lock:
+                if self._stop.is_set():
+                    stopped = True
+                else:
+                    stopped = False
+                    replica = _Replica(_Lent(), index=0, server=server, ready=True)
+                    self._replicas.append(replica)
+                    self.urls.add(server.base_url)
+                    self.started += 1
+                    self.borrowed += 1
+            if stopped:
+                server.stop()
+                return
+
+    def _begin(self, claim: Claim) -> None:
+        with self._lock:
+            self._launches += 1
+            replica = _Replica(claim, index=self._launches)
+            self._replicas.append(replica)
+        replica.thread = threading.Thread(
+            target=self._start_one,
+            args=(replica,),
+            name=f"modelbench-replica-{self.model}-{replica.index}",
+            daemon=True,
+        )
+        replica.thread.start()
+
+    def _start_one(self, replica: _Replica) -> None:
+        def launched(server: Server) -> None:
+            replica.server = server
+            if self._stop.is_set():
+                server.stop()
+
+        gpus = ",".join(replica.claim.gpus)
+        try:
+            server = self._launch(replica.claim.gpus, replica.index, launched)
+        except Exception as exc:  # a failed replica start never fails the item
+            if not self._stop.is_set():
+                self._failed = True
+                self._note(f"{self.model}: a replica on GPU {gpus} did not start: {exc}")
+            self._drop(replica)
+            return
+        replica.server = server
+        with self._lock:
+            stopped = self._stop.is_set() or replica not in self._replicas
+            if not stopped:
+                self.urls.add(server.base_url)
+                replica.ready = True
+                self.started += 1
+        if stopped:
+            self._retire(replica)
+
+    def _reap(self) -> None:
+        with self._lock:
+            dead = [r for r in self._replicas if r.ready and r.server and not r.server.is_alive()]
+        for replica in dead:
+            assert replica.server is not None
+            why = replica.server.death_report() or "its process exited"
+            self._drop(replica)
+            self._note(
+                f"{self.model}: {replica.where} died ({why}); its requests in flight were "
+                "retried on the other servers"
+            )
+
+    def _drop(self, replica: _Replica) -> None:
+        with self._lock:
+            if replica in self._replicas:
+                self._replicas.remove(replica)
+        self._retire(replica)
+
+    def _retire(self, replica: _Replica) -> None:
+        """Leave the URL set, stop the server, release the GPUs (each step at most once)."""
+        server = replica.server
+        if server is not None:
+            if replica.ready:
+                self.urls.remove(server.base_url)
+            server.stop()
+        replica.claim.release()
+
+    def _note(self, message: str) -> None:
+        with self._lock:
+            self._notes.append(message)
+
+
+def item_progress(sink: Any) -> Callable[[], tuple[int, int] | None]:
+    """``progress()`` for :class:`ReplicaSet` from a worker's progress sink: the running
+    item's (done, total), None when nothing runs (or the sink keeps no counters)."""
+    snapshot = getattr(sink, "snapshot", None)
+
+    def progress() -> tuple[int, int] | None:
+        if snapshot is None:
+            return None
+        running = [s for s in snapshot() if not s.finished]
+        if not running:
+            return None
+        return running[-1].done, running[-1].total
+
+    return progress
