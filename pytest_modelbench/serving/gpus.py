@@ -34,6 +34,7 @@ from typing import Protocol
 
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.serving.base import ServingError
+from pytest_modelbench.serving.handover import held
 
 __all__ = [
     "BUSY_ENV",
@@ -593,26 +594,9 @@ def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:
         gpu = fields.get("gpu")
         if fields.get("session") != session or fields.get("host") != host or gpu is None:
             continue
-        if _unheld(path):  # held: a process of the session still uses it
+        if not held(path):  # held: a process of the session still uses it
             found.append(gpu)
     return tuple(found)
-
-
-def _unheld(path: Path) -> bool:
-    """Whether nobody holds the lock at ``path`` (its note is left as it is)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    finally:
-        os.close(fd)
 
 
 def _no_free_message(

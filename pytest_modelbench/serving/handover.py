@@ -28,7 +28,7 @@ from typing import Any
 
 OFFER_POLL_S = 0.2
 
-__all__ = ["Borrowed", "Offer", "Wanted", "launch_key", "take", "wanted"]
+__all__ = ["Borrowed", "Offer", "Wanted", "held", "launch_key", "take", "wanted"]
 
 
 def launch_key(fields: Mapping[str, Any]) -> str:
@@ -41,8 +41,8 @@ def session_dir(session: str, lock_dir: Path) -> Path:
     return lock_dir / f"session-{safe}"
 
 
-def _held(path: Path) -> bool:
-    """Whether some process holds the lock at ``path``."""
+def held(path: Path) -> bool:
+    """Whether some process holds the ``flock`` lock at ``path`` (False when it is missing)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -103,7 +103,7 @@ def wanted(session: str, key: str, lock_dir: Path) -> bool:
     directory = session_dir(session, lock_dir)
     for path in _glob(directory, "want-*.lock"):
         with contextlib.suppress(OSError):
-            if path.read_text() == key and _held(path):
+            if path.read_text() == key and held(path):
                 return True
     return False
 
@@ -148,7 +148,7 @@ class Offer:
         try:
             using = False
             while alive():
-                if _held(self.taken):
+                if held(self.taken):
                     using = True
                 elif using:  # let go: count it, and offer it again to whoever still wants it
                     using = False

@@ -411,3 +411,32 @@ def test_without_xdist_no_replica_is_started(
     )
     result.assert_outcomes(passed=1)
     assert [s["gpus"] for s in starts(fake_vllm)] == ["0"]
+
+
+def test_a_lent_server_is_taken_once_and_given_back(tmp_path: Path) -> None:
+    """The handover protocol: an offer waits while wanted, one taker gets it, the lender stops
+    waiting once the taker lets go and nobody wants it any more."""
+    import threading
+
+    from pytest_modelbench.serving.handover import Offer, Wanted, take
+
+    assert Offer("s", "gw1", "k", "http://127.0.0.1:1/v1", None, tmp_path).lend() == 0  # unwanted
+    want = Wanted("s", "gw0", "k", tmp_path)
+    assert take("s", "k", tmp_path) is None  # nothing offered yet
+    offer = Offer("s", "gw1", "k", "http://127.0.0.1:1/v1", os.getpid(), tmp_path)
+    lent: list[int] = []
+    lender = threading.Thread(target=lambda: lent.append(offer.lend(poll_s=0.01)))
+    lender.start()
+    wait_for(lambda: offer.path.exists())
+    assert take("s", "other-key", tmp_path) is None
+    borrowed = take("s", "k", tmp_path)
+    assert borrowed is not None and borrowed.base_url == "http://127.0.0.1:1/v1"
+    assert borrowed.is_alive() and take("s", "k", tmp_path) is None  # taken: not twice
+    time.sleep(0.1)  # in use for a while (the lender looks every 10 ms)
+    borrowed.stop()
+    time.sleep(0.1)
+    assert lender.is_alive()  # still wanted: offered again
+    want.close()
+    lender.join(timeout=5)
+    assert lent == [1] and not offer.path.exists()
+    assert not list(tmp_path.iterdir())  # the session's directory is gone too
