@@ -147,10 +147,12 @@ class EndpointManager:
         """After a failed item: True when its server had died and was restarted (retry it)."""
         return self.serving is not None and bool(self.serving.recover(item))
 
-    def close(self) -> None:
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop this worker's servers (after lending one, unless the session was
+        interrupted) and its router."""
         close_router()
         if self.serving is not None:
-            self.serving.close()
+            self.serving.close(lend=not interrupted)
 
 
 _CARD_FIELDS = ("id", "root", "parent", "max_model_len")  # not "created": vLLM stamps each answer

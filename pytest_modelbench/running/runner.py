@@ -149,8 +149,9 @@ async def run_loop(
         )
 
     def capacity() -> int:
-        """``max_concurrent`` requests in flight per server: replicas raise it as they join."""
-        return max(1, settings.max_concurrent) * max(1, len(client.urls.urls))
+        """``max_concurrent`` requests in flight, and as many again per replica that joins
+        (a configured list of URLs shares one ``max_concurrent``)."""
+        return max(1, settings.max_concurrent) * (1 + client.urls.replicas)
 
     try:
         await run_lanes(units, one, capacity, lambda: client.dead is not None)

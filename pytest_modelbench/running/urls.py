@@ -19,6 +19,7 @@ class UrlSet:
     def __init__(self, urls: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self._urls: tuple[str, ...] = ()
+        self._replicas: frozenset[str] = frozenset()  # URLs that joined with replica=True
         for url in urls:
             self.add(url)
 
@@ -26,8 +27,16 @@ class UrlSet:
     def urls(self) -> tuple[str, ...]:
         return self._urls
 
-    def add(self, url: str) -> str:
-        """Add a base URL (a no-op when present); returns it as routing spells it."""
+    @property
+    def replicas(self) -> int:
+        """How many replicas serve here beyond the configured URLs (the built-in suites keep
+        ``max_concurrent`` in flight per server: the configured ones count as one)."""
+        return len(self._replicas)
+
+    def add(self, url: str, *, replica: bool = False) -> str:
+        """Add a base URL (a no-op when present); returns it as routing spells it.
+        ``replica``: a server modelbench added for the running item (counted in
+        :attr:`replicas`)."""
         url = url.rstrip("/")
         masked = masked_url(url)
         if masked is not None:  # configuration refuses these first; never route (or show) one
@@ -40,6 +49,8 @@ class UrlSet:
         with self._lock:
             if url not in self._urls:
                 self._urls = (*self._urls, url)
+                if replica:
+                    self._replicas = self._replicas | {url}
         return url
 
     def remove(self, url: str) -> bool:
@@ -49,6 +60,7 @@ class UrlSet:
             if url not in self._urls:
                 return False
             self._urls = tuple(u for u in self._urls if u != url)
+            self._replicas = self._replicas - {url}
         return True
 
     def __repr__(self) -> str:

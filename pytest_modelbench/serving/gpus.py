@@ -423,14 +423,20 @@ def default_lock_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 class _GpuLock:
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, note: str | None = None) -> None:
         self.path = path
         self.fd: int | None = fd
+        self.note = note  # what the lock file says while held (None: not ours to write)
 
-    def release(self) -> None:
+    def release(self, given_back: str | None = None) -> None:
+        """Unlock; ``given_back`` (a session id) first notes that the session gave the GPU
+        back (:func:`session_gpus`)."""
         fd, self.fd = self.fd, None
         if fd is not None:
             try:
+                if given_back and self.note is not None:
+                    with contextlib.suppress(OSError):
+                        os.pwrite(fd, f"{self.note} given-back={given_back}\n".encode(), 0)
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)
@@ -449,7 +455,11 @@ def _ensure_lock_dir(lock_dir: Path) -> None:
         os.chmod(lock_dir, 0o1777)
 
 
-def _try_lock(lock_dir: Path, gpu_id: str, session: str | None = None) -> _GpuLock | None:
+LOCK_TRIES = 3  # a probe (session_gpus, handover.held) holds a lock for microseconds
+LOCK_RETRY_S = 0.005
+
+
+def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
     path = _lock_path(lock_dir, gpu_id)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -457,19 +467,23 @@ def _try_lock(lock_dir: Path, gpu_id: str, session: str | None = None) -> _GpuLo
     except PermissionError:  # another user's lock file: flock works read-only too
         fd = os.open(path, os.O_RDONLY)
         writable = False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    if writable:
-        note = f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%FT%T')}"
-        if session:  # the note outlives the lock: replicas find GPUs their session gave back
-            note += f" session={session} gpu={gpu_id}"
-        note += "\n"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, note.encode(), 0)
-    return _GpuLock(path, fd)
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt + 1 == LOCK_TRIES:
+                os.close(fd)
+                return None
+            time.sleep(LOCK_RETRY_S)
+    if not writable:
+        return _GpuLock(path, fd)
+    note = (
+        f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%FT%T')} gpu={gpu_id}"
+    )
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (note + "\n").encode(), 0)
+    return _GpuLock(path, fd, note)
 
 
 def _holder(lock_dir: Path, gpu_id: str) -> str:
@@ -501,6 +515,14 @@ class GpuClaim:
         for lock in locks:
             lock.release()
 
+    def give_back(self, session: str) -> None:
+        """Release, noting that ``session`` gave these GPUs back: its other workers may start
+        replicas on them (:func:`session_gpus`). Only claims a worker held to serve are given
+        back, never ones it merely tried or that were busy."""
+        locks, self._locks = self._locks, []
+        for lock in locks:
+            lock.release(given_back=session)
+
     def __enter__(self) -> GpuClaim:
         return self
 
@@ -523,12 +545,12 @@ def claim(
     busy_mib: int | None = None,
     wait_s: float = 0.0,
     warn_tensor_parallel: bool = True,
-    session: str | None = None,
+    warn_busy: bool = True,
 ) -> GpuClaim:
     """Lock ``n_per_server`` free GPUs for this process.
 
     ``warn_tensor_parallel=False``: the caller warns itself (ServerPool, naming the model).
-    ``session``: the pytest session's id, noted in each lock file (see :func:`session_gpus`).
+    ``warn_busy=False``: busy GPUs are skipped quietly (replicas look every second).
 
     Returns an empty (CPU) claim when the host has no GPU at all; raises
     :class:`NoFreeGpuError` when GPUs exist but fewer than ``n_per_server`` are free within
@@ -551,14 +573,14 @@ def claim(
         taken: list[str] = []
         busy: list[str] = []
         for gpu in inventory.gpus:
-            lock = _try_lock(lock_dir, gpu.id, session)
+            lock = _try_lock(lock_dir, gpu.id)
             if lock is None:
                 taken.append(gpu.id)
                 continue
             if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
                 lock.release()
                 busy.append(gpu.id)
-                if gpu.id not in warned:
+                if warn_busy and gpu.id not in warned:
                     warned.add(gpu.id)
                     _warn_busy(gpu, busy_mib)
                 continue
@@ -577,8 +599,8 @@ def claim(
 
 
 def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:
-    """GPUs of this host that a process of ``session`` claimed and that nobody holds now:
-    the lock file's note names the session until another claim rewrites it."""
+    """GPUs of this host that a process of ``session`` gave back (:meth:`GpuClaim.give_back`)
+    and that nobody holds now: the note stays until another claim rewrites it."""
     lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
     host = socket.gethostname()
     found: list[str] = []
@@ -592,7 +614,7 @@ def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:
         except OSError:
             continue
         gpu = fields.get("gpu")
-        if fields.get("session") != session or fields.get("host") != host or gpu is None:
+        if fields.get("given-back") != session or fields.get("host") != host or gpu is None:
             continue
         if not held(path):  # held: a process of the session still uses it
             found.append(gpu)

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 OFFER_POLL_S = 0.2
+PATIENCE_S = 30.0  # wanted but not taken this long: the taker cannot use it, give up
+WITHDRAW_WAIT_S = 10.0  # a taker that holds on after the offer is withdrawn is not waited for
 
 __all__ = ["Borrowed", "Offer", "Wanted", "held", "launch_key", "take", "wanted"]
 
@@ -58,15 +60,22 @@ def held(path: Path) -> bool:
         os.close(fd)
 
 
-def _lock(path: Path) -> int | None:
-    """A held exclusive lock on ``path`` (created if missing), or None when another holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def _lock(path: Path, *, create: bool = True) -> int | None:
+    """A held exclusive lock on ``path``, or None when another holds it (or, without
+    ``create``, when the file is gone). Tried three times: a probe (:func:`held`) holds a
+    lock for microseconds."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
         return None
-    return fd
+    for attempt in range(3):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.005 * (attempt < 2))
+    os.close(fd)
+    return None
 
 
 def _unlock(fd: int) -> None:
@@ -136,24 +145,35 @@ class Offer:
         self.record = {"key": key, "url": url, "pid": pid, "worker": worker}
         self.lent = 0  # how many times a worker took it
 
-    def lend(self, alive: Any = lambda: True, poll_s: float = OFFER_POLL_S) -> int:
+    def lend(
+        self,
+        alive: Any = lambda: True,
+        poll_s: float = OFFER_POLL_S,
+        patience_s: float = PATIENCE_S,
+    ) -> int:
         """Offer the server and wait while it is in use or wanted; withdraw it when nobody
-        wants it any more (or the server died). Returns how many times it was taken."""
+        wants it any more, nobody took it for ``patience_s`` although wanted, or the server
+        died. Returns how many times it was taken."""
         if not wanted(self.session, self.key, self.lock_dir):
             return 0
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.taken.touch()  # takers never create it: a withdrawn offer leaves nothing behind
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.record))
         os.replace(tmp, self.path)
         try:
             using = False
+            idle_since = time.monotonic()
             while alive():
                 if held(self.taken):
                     using = True
                 elif using:  # let go: count it, and offer it again to whoever still wants it
                     using = False
                     self.lent += 1
-                elif not wanted(self.session, self.key, self.lock_dir):
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > patience_s or not wanted(
+                    self.session, self.key, self.lock_dir
+                ):
                     break
                 time.sleep(poll_s)
         finally:
@@ -161,15 +181,18 @@ class Offer:
         return self.lent
 
     def _withdraw(self) -> None:
-        """Remove the offer; a taker that locked it just before keeps it until it lets go."""
+        """Remove the offer; a taker that locked it just before keeps it until it lets go
+        (waited for up to ``WITHDRAW_WAIT_S``: its worker sees the server die, and copes)."""
         with contextlib.suppress(OSError):
             self.path.unlink()
+        end = time.monotonic() + WITHDRAW_WAIT_S
         while True:
-            fd = _lock(self.taken)
-            if fd is not None:
+            fd = _lock(self.taken, create=False)
+            if fd is not None or time.monotonic() > end or not self.taken.exists():
                 with contextlib.suppress(OSError):
                     self.taken.unlink()
-                _unlock(fd)
+                if fd is not None:
+                    _unlock(fd)
                 _tidy(self.directory)
                 return
             time.sleep(OFFER_POLL_S)
@@ -185,15 +208,7 @@ class Borrowed:
         self._fd: int | None = fd
 
     def is_alive(self) -> bool:
-        if self.pid is None:
-            return True
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self.pid is None or _alive(self.pid)
 
     def stop(self) -> None:
         """Give it back (its worker stops it once nobody wants it)."""
@@ -218,8 +233,14 @@ def take(session: str, key: str, lock_dir: Path) -> Borrowed | None:
         if not isinstance(record, dict) or record.get("key") != key:
             continue
         worker = str(record.get("worker"))
+        pid = record.get("pid")
+        pid = pid if isinstance(pid, int) else None
+        if pid is not None and not _alive(pid):  # its worker was killed: a stale offer
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
         try:
-            fd = _lock(directory / f"taken-{worker}.lock")
+            fd = _lock(directory / f"taken-{worker}.lock", create=False)
         except OSError:
             continue
         if fd is None:
@@ -227,6 +248,15 @@ def take(session: str, key: str, lock_dir: Path) -> Borrowed | None:
         if not path.exists():  # withdrawn meanwhile
             _unlock(fd)
             continue
-        pid = record.get("pid")
-        return Borrowed(str(record["url"]), pid if isinstance(pid, int) else None, worker, fd)
+        return Borrowed(str(record["url"]), pid, worker, fd)
     return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
     from pytest_modelbench.serving.handover import Wanted
-    from pytest_modelbench.serving.replicas import Claim, ReplicaSet, Server
+    from pytest_modelbench.serving.replicas import Claim, Progress, ReplicaSet, Server
 
 MAX_RESTARTS = 1
 
@@ -84,11 +85,11 @@ class ServerPool:
         gpus_option: str | None = None,
         cache_dir: Path | None = None,
         session: str | None = None,
-        progress: Callable[[], tuple[int, int] | None] | None = None,
+        progress: Callable[[], Progress | None] | None = None,
     ) -> None:
         """``session``: the pytest session's id (xdist's ``testrunuid``); with ``progress``
-        (the running item's done/total) this worker may start replicas on GPUs other workers
-        of the session gave back. Without them it never does."""
+        (the running item's id, done and total) this worker may start replicas on GPUs other
+        workers of the session gave back, and lend its server. Without them it never does."""
         self.run_dir = run_dir
         self.gpus_option = gpus_option
         self.cache_dir = cache_dir or default_cache_dir()
@@ -103,6 +104,8 @@ class ServerPool:
         self._start_s = 0.0  # how long the current server took to start
         self._replicas: ReplicaSet | None = None
         self._wanted: Wanted | None = None  # "more servers of my model welcome" (replicas)
+        self._served_items: set[str] = set()  # items the current server serves
+        self._want_lock = threading.Lock()
         self._restarts: dict[str, int] = {}
         self._tp_warned: set[str] = set()
         self.starts = 0
@@ -129,9 +132,7 @@ class ServerPool:
                 self._claim.release()
                 self._claim = None
             try:
-                self._claim = claim(
-                    n, option=self.gpus_option, warn_tensor_parallel=False, session=self.session
-                )
+                self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
             except GpuSpecError as exc:
                 raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value
             except ServingError as exc:
@@ -156,9 +157,7 @@ class ServerPool:
         if self._claim is not None:
             return
         with contextlib.suppress(GpuSpecError, ServingError):
-            self._claim = claim(
-                n, option=self.gpus_option, warn_tensor_parallel=False, session=self.session
-            )
+            self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
 
     def ensure(self, item: PlannedItem) -> tuple[str, str]:
         """The (base URL, served model name) for ``item``, starting a server when needed."""
@@ -173,11 +172,13 @@ class ServerPool:
         )
         served = item.model_name if local else (spec.model or item.model_name)
         if self._server is not None and self._model == item.model_name:
+            self._served_items.add(item.item_id)
             if self._server.is_alive():
                 return self._server.base_url, self._server.served_name
             self._restart(item.model_name)
             return self._server.base_url, self._server.served_name
         self.stop()
+        self._served_items = {item.item_id}
         try:
             self._server = self._start(item, served)
         except ServingError as exc:
@@ -245,22 +246,48 @@ class ServerPool:
             return  # no session to share GPUs with, or serving on the CPU
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import Wanted, take
+        from pytest_modelbench.serving.handover import take
         from pytest_modelbench.serving.replicas import ReplicaSet
 
         session, key, lock_dir = self.session, self._launch.key, default_lock_dir()
-        with contextlib.suppress(OSError, RuntimeError):  # lending is a bonus, never a failure
-            self._wanted = Wanted(session, self.worker, key, lock_dir)
         self._replicas = ReplicaSet(
             model=self._launch.model_name,
             urls=urls,
             launch=self._launch_replica,
             claim=self._claim_replica,
-            progress=self._progress,
+            progress=self._served_progress,
             start_s=self._start_s,
             borrow=lambda: take(session, key, lock_dir),
+            give_back=lambda found: found.give_back(session),  # type: ignore[attr-defined]
         )
         self._replicas.start()
+
+    def _served_progress(self) -> Progress | None:
+        """The running item's progress while it is one this server serves (not an API item
+        run in between); other workers may lend servers of this model just as long."""
+        found = self._progress() if self._progress is not None else None
+        serving = found is not None and found[0] in self._served_items
+        self._want(serving)
+        return found if serving else None
+
+    def _want(self, wanted: bool) -> None:
+        """Say (or stop saying) that servers of this model are welcome here (``Wanted``)."""
+        with self._want_lock:
+            if not wanted:
+                if self._wanted is not None:
+                    self._wanted.close()
+                    self._wanted = None
+                return
+            if self._wanted is not None or self.session is None or self._launch is None:
+                return
+            # lazily: serving loads only when a worker starts a server (pytest start-up)
+            from pytest_modelbench.serving.gpus import default_lock_dir
+            from pytest_modelbench.serving.handover import Wanted
+
+            with contextlib.suppress(OSError, RuntimeError):  # lending is a bonus only
+                self._wanted = Wanted(
+                    self.session, self.worker, self._launch.key, default_lock_dir()
+                )
 
     def _claim_replica(self) -> Claim | None:
         """Free GPUs of this session for one more server, or None."""
@@ -277,7 +304,7 @@ class ServerPool:
                 self._launch.gpus,
                 option=",".join(given_back),
                 warn_tensor_parallel=False,
-                session=self.session,
+                warn_busy=False,
             )
         except (GpuSpecError, ServingError):  # taken meanwhile, or busy: look again later
             return None
@@ -330,6 +357,7 @@ class ServerPool:
         count = self._restarts.get(model, 0)
         died = self.death_report()
         if count >= MAX_RESTARTS:
+            self._stop_replicas()  # its items fail from here on: replicas would only wait
             raise EvaluationError(
                 f"{model}: {died}. It died again after one restart; finished examples are "
                 "kept, re-running the same command continues with the rest"
@@ -383,13 +411,11 @@ class ServerPool:
             offer.lend(alive=server.is_alive)
 
     def _stop_replicas(self) -> None:
-        if self._wanted is not None:
-            self._wanted.close()
-            self._wanted = None
         if self._replicas is not None:
-            self._replicas.stop()
+            self._replicas.stop()  # its thread no longer says "wanted" after this
             self.report_replicas()
             self._replicas = None
+        self._want(False)
 
     def stop(self) -> None:
         self._stop_replicas()
@@ -399,12 +425,18 @@ class ServerPool:
             self._model = None
             self._launch = None
 
-    def close(self) -> None:
+    def close(self, *, lend: bool = True) -> None:
+        """End of this worker: lend the server while another worker of the session uses it
+        (``lend=False`` after Ctrl-C), stop everything, give the GPUs back to the session."""
         try:
             self._stop_replicas()
-            self._lend()
+            if lend:
+                self._lend()
         finally:
             self.stop()
-        if self._claim is not None:
-            self._claim.release()
-            self._claim = None
+            if self._claim is not None:
+                if self.session is not None:
+                    self._claim.give_back(self.session)
+                else:
+                    self._claim.release()
+                self._claim = None

@@ -229,8 +229,17 @@ class ServerProcess:
         self.argv: list[str] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._cancel_lock = threading.Lock()
+        self._cancelled = False
 
     # -- public -------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop it and never start it again, even when a start is under way in another
+        thread (a replica given up): a start after this raises :class:`ServerStartError`."""
+        with self._cancel_lock:
+            self._cancelled = True
+        self.stop(grace_s=min(self.stop_grace_s, 5.0))
 
     @property
     def root_url(self) -> str:
@@ -312,7 +321,9 @@ class ServerProcess:
         self.argv = [str(a) for a in self._argv_for_port(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._note(f"starting: {self.command_line()}")
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab") as log, self._cancel_lock:
+            if self._cancelled:
+                raise ServerStartError(f"{self.label} was stopped while starting")
             self._proc = subprocess.Popen(
                 self.argv,
                 env=self.env,
@@ -329,6 +340,7 @@ class ServerProcess:
         end = time.monotonic() + deadline_s
         while True:
             if self._proc is None:  # stopped from another thread (a replica given up)
+                self._stop_watchdog()  # it may have started after that stop
                 raise ServerStartError(f"{self.label} was stopped while starting")
             code = self.returncode()
             if code is not None:

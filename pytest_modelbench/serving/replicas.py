@@ -20,6 +20,7 @@ session, on Ctrl-C (and by their watchdog if the worker is killed).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -52,6 +53,13 @@ class Claim(Protocol):
     gpus: tuple[str, ...]
 
     def release(self) -> None: ...
+
+
+class Cancelled(Exception):
+    """The replica set stopped while this replica was being launched."""
+
+
+Progress = tuple[str, int, int]  # the running item's (id, done, total)
 
 
 def replicas_that_pay(
@@ -152,14 +160,16 @@ class ReplicaSet:
         urls: UrlSet,
         launch: Callable[[tuple[str, ...], int, Callable[[Server], None]], Server],
         claim: Callable[[], Claim | None],
-        progress: Callable[[], tuple[int, int] | None],
+        progress: Callable[[], Progress | None],
         start_s: float,
         borrow: Callable[[], Server | None] = lambda: None,
+        give_back: Callable[[Claim], None] = lambda claim: claim.release(),
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
         self._borrow = borrow
+        self._give_back = give_back
         self.urls = urls
         self._launch = launch
         self._claim = claim
@@ -168,10 +178,11 @@ class ReplicaSet:
         self.poll_s = poll_s
         self._clock = clock
         self._meter = RateMeter()
+        self._item: str | None = None  # the item the rate was measured on
         self._lock = threading.Lock()
         self._replicas: list[_Replica] = []
         self._notes: list[str] = []
-        self._failed = False  # a replica failed to start: no more attempts for this server
+        self._failed = False  # a replica failed to start: no more starts for this server
         self._serving_seen = 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -187,12 +198,16 @@ class ReplicaSet:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop looking, stop every replica (starting ones too) and release their GPUs."""
+        """Stop looking, stop every replica (starting ones too, all at once) and give their
+        GPUs back; a replica still being launched gives its GPUs back when its launch ends."""
         self._stop.set()
         with self._lock:
             replicas, self._replicas = self._replicas, []
-        for replica in replicas:
-            self._retire(replica)
+        stoppers = [threading.Thread(target=self._retire, args=(r,), daemon=True) for r in replicas]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join(timeout=60)
         for replica in replicas:
             if replica.thread is not None and replica.thread is not threading.current_thread():
                 replica.thread.join(timeout=30)
@@ -203,10 +218,10 @@ class ReplicaSet:
         """Serve a new URL set (the primary restarted on another port): replicas move to it."""
         with self._lock:
             old, self.urls = self.urls, urls
-            live = [r.server.base_url for r in self._replicas if r.ready and r.server]
-        for url in live:
-            old.remove(url)
-            urls.add(url)
+            for replica in self._replicas:
+                if replica.ready and replica.server is not None:
+                    old.remove(replica.server.base_url)
+                    urls.add(replica.server.base_url, replica=True)
 
     # -- what the worker reads ---------------------------------------------------------------
     @property
@@ -232,14 +247,20 @@ class ReplicaSet:
                 return
 
     def step(self) -> int:
-        """One look: start the replicas that pay; returns how many were launched."""
+        """One look: adopt lent servers, start the replicas that pay; returns how many
+        replicas were launched."""
         progress = self._progress()
-        if progress is None or self._failed:
+        if progress is None:
             self._meter.reset()
             return 0
-        done, total = progress
+        item, done, total = progress
+        if item != self._item:  # another item: its own rate
+            self._item = item
+            self._meter.reset()
         if done < total:
             self._adopt()
+        if self._failed:
+            return 0
         serving = self.serving
         if serving != self._serving_seen:  # the rate was measured with fewer servers
             self._serving_seen = serving
@@ -265,7 +286,8 @@ class ReplicaSet:
             claim = self._claim()
             if claim is None:
                 break
-            self._begin(claim)
+            if not self._begin(claim):
+                break
             launched += 1
         return launched
 
@@ -276,24 +298,30 @@ class ReplicaSet:
             if server is None:
                 return
             with self._lock:
-                if self._stop.is_set():
-                    stopped = True
-                else:
-                    stopped = False
-                    replica = _Replica(_Lent(), index=0, server=server, ready=True)
-                    self._replicas.append(replica)
-                    self.urls.add(server.base_url)
+                stopped = self._stop.is_set()
+                if not stopped:
+                    self._replicas.append(_Replica(_Lent(), index=0, server=server, ready=True))
+                    self.urls.add(server.base_url, replica=True)
                     self.started += 1
                     self.borrowed += 1
             if stopped:
                 server.stop()
                 return
 
-    def _begin(self, claim: Claim) -> None:
+    def _begin(self, claim: Claim) -> bool:
+        """Launch a replica on ``claim`` in its own thread; False (claim given back) once
+        stopped."""
         with self._lock:
-            self._launches += 1
-            replica = _Replica(claim, index=self._launches)
-            self._replicas.append(replica)
+            if self._stop.is_set():
+                stopped = True
+            else:
+                stopped = False
+                self._launches += 1
+                replica = _Replica(claim, index=self._launches)
+                self._replicas.append(replica)
+        if stopped:
+            self._give_back(claim)
+            return False
         replica.thread = threading.Thread(
             target=self._start_one,
             args=(replica,),
@@ -301,75 +329,89 @@ class ReplicaSet:
             daemon=True,
         )
         replica.thread.start()
+        return True
 
     def _start_one(self, replica: _Replica) -> None:
+        """The replica's launch thread; it owns the claim until the replica is ready."""
+
         def launched(server: Server) -> None:
             replica.server = server
             if self._stop.is_set():
-                server.stop()
+                raise Cancelled
 
         gpus = ",".join(replica.claim.gpus)
         try:
             server = self._launch(replica.claim.gpus, replica.index, launched)
         except Exception as exc:  # a failed replica start never fails the item
-            if not self._stop.is_set():
+            if not self._stop.is_set() and not isinstance(exc, Cancelled):
                 self._failed = True
                 self._note(f"{self.model}: a replica on GPU {gpus} did not start: {exc}")
-            self._drop(replica)
+            with self._lock:
+                if replica in self._replicas:
+                    self._replicas.remove(replica)
+            self._shut(replica)
             return
         replica.server = server
         with self._lock:
             stopped = self._stop.is_set() or replica not in self._replicas
             if not stopped:
-                self.urls.add(server.base_url)
+                self.urls.add(server.base_url, replica=True)
                 replica.ready = True
                 self.started += 1
         if stopped:
-            self._retire(replica)
+            self._shut(replica)
 
     def _reap(self) -> None:
         with self._lock:
             dead = [r for r in self._replicas if r.ready and r.server and not r.server.is_alive()]
+            for replica in dead:
+                self._replicas.remove(replica)
         for replica in dead:
             assert replica.server is not None
             why = replica.server.death_report() or "its process exited"
-            self._drop(replica)
+            self._retire(replica)
             self._note(
                 f"{self.model}: {replica.where} died ({why}); its requests in flight were "
                 "retried on the other servers"
             )
 
-    def _drop(self, replica: _Replica) -> None:
-        with self._lock:
-            if replica in self._replicas:
-                self._replicas.remove(replica)
-        self._retire(replica)
-
     def _retire(self, replica: _Replica) -> None:
-        """Leave the URL set, stop the server, release the GPUs (each step at most once)."""
+        """A replica leaves: out of the URL set, its server stopped; its GPUs are given back
+        here when it was ready, else by its launch thread when the launch ends."""
         server = replica.server
-        if server is not None:
-            if replica.ready:
-                self.urls.remove(server.base_url)
-            server.stop()
-        replica.claim.release()
+        if replica.ready and server is not None:
+            self.urls.remove(server.base_url)
+            self._shut(replica)
+        elif server is not None:
+            cancel = getattr(server, "cancel", None)
+            with contextlib.suppress(Exception):
+                (cancel or server.stop)()
+
+    def _shut(self, replica: _Replica) -> None:
+        """Stop the server (if any) and give the GPUs back, even when stopping fails."""
+        try:
+            if replica.server is not None:
+                replica.server.stop()
+        finally:
+            if not isinstance(replica.claim, _Lent):
+                self._give_back(replica.claim)
 
     def _note(self, message: str) -> None:
         with self._lock:
             self._notes.append(message)
 
 
-def item_progress(sink: Any) -> Callable[[], tuple[int, int] | None]:
+def item_progress(sink: Any) -> Callable[[], Progress | None]:
     """``progress()`` for :class:`ReplicaSet` from a worker's progress sink: the running
-    item's (done, total), None when nothing runs (or the sink keeps no counters)."""
+    item's (id, done, total), None when nothing runs (or the sink keeps no counters)."""
     snapshot = getattr(sink, "snapshot", None)
 
-    def progress() -> tuple[int, int] | None:
+    def progress() -> Progress | None:
         if snapshot is None:
             return None
         running = [s for s in snapshot() if not s.finished]
         if not running:
             return None
-        return running[-1].done, running[-1].total
+        return running[-1].item_id, running[-1].done, running[-1].total
 
     return progress

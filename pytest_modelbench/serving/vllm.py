@@ -293,6 +293,10 @@ class VllmServer:
     def stop(self) -> None:
         self.process.stop()
 
+    def cancel(self) -> None:
+        """Stop it, and any start under way in another thread (see ``ServerProcess.cancel``)."""
+        self.process.cancel()
+
     def death_report(self) -> str | None:
         """None while the server runs; once it has exited, one line saying so, the root cause
         from its log (``RuntimeError: CPU Generator does not use offset``) and the log's path."""

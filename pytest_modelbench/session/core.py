@@ -352,15 +352,20 @@ class ModelbenchSession:
         return self._server_pool
 
     def _reserve_gpus(self) -> None:
-        """An xdist worker claims its GPUs once it knows its session serves models: one that
-        ends up with nothing to run gives them back to the session when it exits (replicas)."""
-        served = [
-            item.model.serve.gpus if item.model.serve is not None else 1
-            for item in self._selected or ()
-            if not item.model.api_base_url and not item.model.solutions
-        ]
-        if served and getattr(self.config, "workerinput", None) is not None:
-            self.server_pool().reserve(max(1, *served))
+        """An xdist worker of a session that only serves models claims its GPUs now (for the
+        smallest server of the plan): one that ends up with nothing to run gives them back to
+        the session when it exits, for replicas. With API items in the plan a worker claims
+        only when it starts a server, as a worker that runs only those needs no GPU."""
+        selected = self._selected or []
+        if not selected or getattr(self.config, "workerinput", None) is None:
+            return
+        if os.environ.get(NO_REPLICAS_ENV):
+            return
+        if any(item.model.api_base_url or item.model.solutions for item in selected):
+            return
+        self.server_pool().reserve(
+            min(item.model.serve.gpus if item.model.serve is not None else 1 for item in selected)
+        )
 
     def backend_for(self, module: str) -> Any:
         backend = self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module)
@@ -581,12 +586,13 @@ class ModelbenchSession:
             self._apply_holm(session)
 
     @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
-    def pytest_sessionfinish_last(self) -> None:
+    def pytest_sessionfinish_last(self, exitstatus: int) -> None:
         """Last: this process's servers stop; ``--update-baselines`` writes settled scores."""
-        if self._evaluator is not None:
-            self._evaluator.endpoints.close()  # stop this process's servers, release its GPUs
-        elif self._server_pool is not None:
-            self._server_pool.close()  # GPUs reserved, no item run: give them back
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if self._evaluator is not None:  # stop this process's servers, release its GPUs
+            self._evaluator.endpoints.close(interrupted=interrupted)
+        elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
+            self._server_pool.close(lend=False)
         if is_worker(self.config) or not self.records:
             return
         if self.options.update_baselines:

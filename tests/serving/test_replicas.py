@@ -134,7 +134,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def replica_set(fleet: Fleet, urls: UrlSet, progress: list[tuple[int, int] | None]) -> ReplicaSet:
+def replica_set(
+    fleet: Fleet, urls: UrlSet, progress: list[tuple[str, int, int] | None]
+) -> ReplicaSet:
     clock = iter(float(t) for t in range(10_000))
     return ReplicaSet(
         model="m",
@@ -151,13 +153,13 @@ def replica_set(fleet: Fleet, urls: UrlSet, progress: list[tuple[int, int] | Non
 def test_replicas_join_the_url_set_and_leave_it_when_stopped() -> None:
     fleet = Fleet({"1", "2", "3"})
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
-    progress: list[tuple[int, int] | None] = [(0, 1000)]
+    progress: list[tuple[str, int, int] | None] = [("i", 0, 1000)]
     replicas = replica_set(fleet, urls, progress)
     assert replicas.step() == 0  # no rate yet
-    progress[0] = (10, 1000)  # 10 examples/s on one server, 99 s left, 2 s starts
+    progress[0] = ("i", 10, 1000)  # 10 examples/s on one server, 99 s left, 2 s starts
     assert replicas.step() == 3  # every free GPU pays
     wait_for(lambda: len(urls.urls) == 4)
-    assert replicas.serving == 4 and replicas.started == 3
+    assert replicas.serving == 4 and replicas.started == 3 and urls.replicas == 3
     assert not fleet.free
     replicas.stop()
     assert urls.urls == ("http://127.0.0.1:8000/v1",)
@@ -168,12 +170,12 @@ def test_replicas_join_the_url_set_and_leave_it_when_stopped() -> None:
 def test_between_items_and_near_the_end_no_replica_starts() -> None:
     fleet = Fleet({"1"})
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
-    progress: list[tuple[int, int] | None] = [None]
+    progress: list[tuple[str, int, int] | None] = [None]
     replicas = replica_set(fleet, urls, progress)
     assert replicas.step() == 0 and replicas.step() == 0  # no item runs
-    progress[0] = (0, 12)
+    progress[0] = ("i", 0, 12)
     replicas.step()
-    progress[0] = (10, 12)  # 2 examples left at 10/s: done long before a 2 s start
+    progress[0] = ("i", 10, 12)  # 2 examples left at 10/s: done long before a 2 s start
     assert replicas.step() == 0
     assert fleet.free == {"1"}
 
@@ -181,10 +183,10 @@ def test_between_items_and_near_the_end_no_replica_starts() -> None:
 def test_a_dying_replica_leaves_the_set_releases_its_gpu_and_is_reported() -> None:
     fleet = Fleet({"1", "2"})
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
-    progress: list[tuple[int, int] | None] = [(0, 1000)]
+    progress: list[tuple[str, int, int] | None] = [("i", 0, 1000)]
     replicas = replica_set(fleet, urls, progress)
     replicas.step()
-    progress[0] = (10, 1000)
+    progress[0] = ("i", 10, 1000)
     replicas.step()
     wait_for(lambda: len(urls.urls) == 3)
     fleet.servers[0].alive = False
@@ -200,16 +202,16 @@ def test_a_dying_replica_leaves_the_set_releases_its_gpu_and_is_reported() -> No
 def test_a_replica_that_fails_to_start_is_reported_once_and_not_retried() -> None:
     fleet = Fleet({"1", "2"}, fail=True)
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
-    progress: list[tuple[int, int] | None] = [(0, 1000)]
+    progress: list[tuple[str, int, int] | None] = [("i", 0, 1000)]
     replicas = replica_set(fleet, urls, progress)
     replicas.step()
-    progress[0] = (10, 1000)
+    progress[0] = ("i", 10, 1000)
     assert 1 <= replicas.step() <= 3  # the launches already under way when the first failed
     wait_for(lambda: fleet.free == {"1", "2"})
     notes = replicas.drain_notes()
     assert notes and "did not start: RuntimeError" not in notes[0]
     assert "did not start: CUDA out of memory on GPU" in notes[0]
-    progress[0] = (20, 1000)
+    progress[0] = ("i", 20, 1000)
     assert replicas.step() == 0  # given up for this server
     assert urls.urls == ("http://127.0.0.1:8000/v1",)
     replicas.stop()
@@ -218,36 +220,39 @@ def test_a_replica_that_fails_to_start_is_reported_once_and_not_retried() -> Non
 def test_stopping_during_a_start_stops_that_server_too() -> None:
     fleet = Fleet({"1"}, start_s=0.5)
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
-    progress: list[tuple[int, int] | None] = [(0, 1000)]
+    progress: list[tuple[str, int, int] | None] = [("i", 0, 1000)]
     replicas = replica_set(fleet, urls, progress)
     replicas.step()
-    progress[0] = (10, 1000)
+    progress[0] = ("i", 10, 1000)
     assert replicas.step() == 1
-    replicas.stop()  # while it starts
-    wait_for(lambda: bool(fleet.servers))
-    wait_for(lambda: fleet.servers[0].stopped)
-    assert urls.urls == ("http://127.0.0.1:8000/v1",)
-    assert fleet.free == {"1"} and not replicas.drain_notes()
+    replicas.stop()  # while it starts: its launch thread gives the GPU back when done
+    wait_for(lambda: bool(fleet.servers) and fleet.servers[0].stopped)
+    wait_for(lambda: fleet.free == {"1"})
+    assert urls.urls == ("http://127.0.0.1:8000/v1",) and urls.replicas == 0
+    assert not replicas.drain_notes()
 
 
 # -- GPUs the session gave back --------------------------------------------------------------
 
 
-def test_session_gpus_are_those_its_processes_claimed_and_released(tmp_path: Path) -> None:
-    env = {"MODELBENCH_FAKE_GPUS": "0:0,1:0,2:0"}
+def test_session_gpus_are_those_its_workers_gave_back(tmp_path: Path) -> None:
+    env = {"MODELBENCH_FAKE_GPUS": "0:0,1:0,2:0,3:0"}
     locks = tmp_path / "locks"
-    mine = claim(1, locks, option="0", environ=env, session="s1")
-    other = claim(1, locks, option="1", environ=env, session="s2")
-    held = claim(1, locks, option="2", environ=env, session="s1")
-    assert session_gpus("s1", locks) == ()  # all held
-    mine.release()
-    other.release()
+    mine = claim(1, locks, option="0", environ=env)
+    other = claim(1, locks, option="1", environ=env)
+    held = claim(1, locks, option="2", environ=env)
+    claim(1, locks, option="3", environ=env).release()  # tried, not given back
+    assert session_gpus("s1", locks) == ()
+    mine.give_back("s1")
+    other.give_back("s2")
     assert session_gpus("s1", locks) == ("0",)
     assert session_gpus("s2", locks) == ("1",)
     assert session_gpus("s1", locks) == ("0",)  # looking does not rewrite the note
-    held.release()
+    held.give_back("s1")
     assert session_gpus("s1", locks) == ("0", "2")
-    claim(1, locks, option="0", environ=env).release()  # claimed by someone else meanwhile
+    again = claim(1, locks, option="0", environ=env)  # someone claims it meanwhile ...
+    assert session_gpus("s1", locks) == ("2",)
+    again.release()  # ... and releases it without giving it back: no longer the session's
     assert session_gpus("s1", locks) == ("2",)
 
 
@@ -440,3 +445,34 @@ def test_a_lent_server_is_taken_once_and_given_back(tmp_path: Path) -> None:
     lender.join(timeout=5)
     assert lent == [1] and not offer.path.exists()
     assert not list(tmp_path.iterdir())  # the session's directory is gone too
+
+
+def test_only_replicas_raise_the_requests_in_flight() -> None:
+    """A configured list of URLs shares one max_concurrent (a gateway's rate limit is not
+    multiplied); each replica modelbench adds brings its own."""
+    urls = UrlSet(["http://a/v1", "http://b/v1"])
+    assert urls.replicas == 0
+    urls.add("http://127.0.0.1:9001/v1", replica=True)
+    urls.add("http://a/v1", replica=True)  # already configured: not a replica
+    assert urls.replicas == 1
+    urls.remove("http://127.0.0.1:9001/v1")
+    assert urls.replicas == 0
+
+
+def test_an_offer_of_a_killed_worker_is_not_taken(tmp_path: Path) -> None:
+    import subprocess
+
+    from pytest_modelbench.serving.handover import Wanted, session_dir, take
+
+    want = Wanted("s", "gw0", "k", tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    directory = session_dir("s", tmp_path)
+    (directory / "taken-gw1.lock").touch()
+    offer = directory / "offer-gw1.json"
+    offer.write_text(
+        json.dumps({"key": "k", "url": "http://127.0.0.1:1/v1", "pid": gone.pid, "worker": "gw1"})
+    )
+    assert take("s", "k", tmp_path) is None
+    assert not offer.exists()  # removed, not tried again every second
+    want.close()
