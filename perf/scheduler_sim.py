@@ -314,7 +314,8 @@ class Simulation:
         self.sched = make(config, lambda: self.now)
         self.nodes = [SimNode(self, f"gw{i}") for i in range(workers)]
         for i, node in enumerate(self.nodes):
-            node.host = i // per_host
+            node.host = i // per_host  # one --tx group per host, as xdist names their specs
+            node.gateway.spec = f"popen//id={node.gateway.id}//python=remote host{node.host}"
         self.controller_s = 0.0
         self.events = 0
 

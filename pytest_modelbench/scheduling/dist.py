@@ -81,7 +81,7 @@ class ModelAffinityScheduling:
     # -- Scheduling protocol: events ---------------------------------------------------------------
     def add_node(self, node: Any) -> None:
         assert node not in self.policy.workers
-        self.policy.add_worker(node, self._clock())
+        self.policy.add_worker(node, self._clock(), _node_key(node))
 
     def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
         assert node in self.policy.workers
@@ -188,3 +188,12 @@ class ModelAffinityScheduling:
                     )
                 )
         return same
+
+
+def _node_key(node: Any) -> str | None:
+    """Workers of one ``--tx`` group run on one node: the group's spec without the worker id
+    (``popen`` workers of ``-n`` all share the local node)."""
+    spec = getattr(getattr(node, "gateway", None), "spec", None)
+    if spec is None:
+        return None
+    return "//".join(part for part in str(spec).split("//") if not part.startswith("id="))

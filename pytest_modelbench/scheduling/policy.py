@@ -122,10 +122,11 @@ class _Queued:
 
 
 class _Worker:
-    __slots__ = ("key", "model", "no_steal", "queue", "shut", "started_at", "waiting")
+    __slots__ = ("key", "model", "no_steal", "node", "queue", "shut", "started_at", "waiting")
 
-    def __init__(self, key: Hashable, now: float) -> None:
+    def __init__(self, key: Hashable, now: float, node: Hashable = None) -> None:
         self.key = key
+        self.node = node  # workers on one node share it (replicas stay on their node)
         self.model: str | None = None  # whose server it holds once its queue has run
         self.queue: list[_Queued] = []
         self.started_at = now  # when the head of the queue started (estimate)
@@ -157,8 +158,11 @@ class AffinityPolicy:
         self._steals: dict[Hashable, Hashable | None] = {}  # victim -> thief (None: thief gone)
 
     # -- state the caller reports ------------------------------------------------------------
-    def add_worker(self, worker: Hashable, now: float = 0.0) -> None:
-        self._workers[worker] = _Worker(worker, now)
+    def add_worker(self, worker: Hashable, now: float = 0.0, node: Hashable = None) -> None:
+        """``node``: what the worker's node is known by (its ``--tx`` group); first jobs go
+        to the node with the fewest busy workers, so that the idle GPUs of every node can
+        serve replicas of the items running there."""
+        self._workers[worker] = _Worker(worker, now, node)
 
     def add_jobs(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
@@ -291,8 +295,22 @@ class AffinityPolicy:
             if not starved:
                 return actions
             empty = [w for w in starved if not w.queue]
-            state = empty[0] if empty else min(starved, key=lambda w: w.free_at(now))
+            state = (
+                self._least_busy_node(empty)
+                if empty
+                else min(starved, key=lambda w: w.free_at(now))
+            )
             actions.append(self._decide(state, now))
+
+    def _least_busy_node(self, empty: list[_Worker]) -> _Worker:
+        """The first empty worker on the node with the fewest workers holding work."""
+        if len({w.node for w in empty}) < 2:
+            return empty[0]
+        busy: dict[Hashable, int] = {}
+        for worker in self._workers.values():
+            if worker.queue:
+                busy[worker.node] = busy.get(worker.node, 0) + 1
+        return min(empty, key=lambda w: busy.get(w.node, 0))
 
     def _decide(self, state: _Worker, now: float) -> Action:
         free = state.free_at(now)

@@ -241,3 +241,30 @@ def test_finished_when_nothing_is_left_to_hand_out() -> None:
     assert p.finished and p.has_pending
     p.complete("w1", 1, 2.0)
     assert not p.has_pending
+
+
+def test_first_jobs_spread_over_nodes() -> None:
+    """Four workers on two nodes (two ``--tx`` groups), two long jobs: one per node, so the
+    idle GPUs of each node can serve replicas of the job running there."""
+    policy = AffinityPolicy(PolicySettings(start_cost=10.0))
+    for worker, node in (("a0", "A"), ("a1", "A"), ("b0", "B"), ("b1", "B")):
+        policy.add_worker(worker, 0.0, node)
+    policy.add_jobs([Job((0,), "m", 1000.0), Job((1,), "m", 900.0)])
+    sends = [a for a in policy.step(0.0) if isinstance(a, Send)]
+    assert {str(a.worker)[0] for a in sends} == {"a", "b"}
+    assert all(len(a.indices) == 1 for a in sends)
+
+
+def test_node_key_is_the_tx_group() -> None:
+    from types import SimpleNamespace
+
+    from pytest_modelbench.scheduling.dist import _node_key
+
+    def node(spec: str) -> object:
+        return SimpleNamespace(gateway=SimpleNamespace(spec=spec))
+
+    remote = "popen//id=gw{}//python=.venv/bin/python -m pytest_modelbench.serving.remote n2"
+    assert _node_key(node(remote.format(3))) == _node_key(node(remote.format(4)))
+    assert _node_key(node("popen//id=gw0")) == _node_key(node("popen//id=gw1")) == "popen"
+    assert _node_key(node("popen//id=gw0")) != _node_key(node(remote.format(0)))
+    assert _node_key(SimpleNamespace()) is None
