@@ -45,6 +45,12 @@ SCRIPTS = (
         ("throughput.py", "--quick"),
     ),
     Script(
+        "fixed_costs",
+        "Fixed costs of one item as users run it (a wheel, PYTHONDONTWRITEBYTECODE=1)",
+        ("fixed_costs.py", "--repeat", "7"),
+        ("fixed_costs.py", "--repeat", "1", "--requests", "256"),
+    ),
+    Script(
         "collection",
         "Collection: items, time and peak RSS",
         ("collection.py", "--sizes", "1000,10000,100000", "--repeat", "3"),

@@ -13,14 +13,47 @@ behind it are imported and registered when the options select benchmark items (`
 
 from __future__ import annotations
 
+import sys
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
+from importlib.machinery import ModuleSpec, PathFinder
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_modelbench import hookspecs
-from pytest_modelbench.config.options import (
+# the simulated server's mb_sim_server fixture: a plugin of this one, so -p no:modelbench
+# disables it too
+pytest_plugins = ["pytest_modelbench.testing.fixtures"]
+
+
+class InstalledBytecode:
+    """Finds this package's modules before pytest's assertion-rewriting hook does, so that
+    they load as any installed package's do: from the byte-code pip compiled at install.
+
+    pytest rewrites the assertions of every module of a distribution with a ``pytest11``
+    entry point, and caches the rewritten code only where Python may write byte-code. With
+    ``PYTHONDONTWRITEBYTECODE=1`` (CI images set it) a session parsed and compiled again
+    each of the ~110 modules an item imports, about 0.3 s of every run. Their assertions are
+    internal invariants that no user's test reads. The modules pytest imports as plugins
+    by name (``pytest_plugins``) are left to its hook, which would otherwise warn that it
+    could not rewrite them when an in-process ``pytester`` session registers them again.
+    """
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if not name.startswith("pytest_modelbench.") or name in pytest_plugins:
+            return None
+        return PathFinder.find_spec(name, path, target)
+
+
+if not any(isinstance(finder, InstalledBytecode) for finder in sys.meta_path):
+    sys.meta_path.insert(0, InstalledBytecode())
+
+# E402: the package's other modules are imported once the finder above is in place
+from pytest_modelbench import hookspecs  # noqa: E402
+from pytest_modelbench.config.options import (  # noqa: E402
     ALIASES_KEY,
     ReportOptions,
     RunOptions,
@@ -28,16 +61,13 @@ from pytest_modelbench.config.options import (
     add_options,
     without_free_aliases,
 )
-from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.workers import is_worker
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError  # noqa: E402
+from pytest_modelbench.workers import is_worker  # noqa: E402
 
 if TYPE_CHECKING:
     from pytest_modelbench.session.core import ModelbenchSession
     from pytest_modelbench.store.result import EvalResult
 
-# the simulated server's mb_sim_server fixture: a plugin of this one, so -p no:modelbench
-# disables it too
-pytest_plugins = ["pytest_modelbench.testing.fixtures"]
 
 SESSION_PLUGIN = "modelbench-session"  # the registered ModelbenchSession, once started
 OPTIONS_KEY = pytest.StashKey[tuple[RunOptions, ReportOptions]]()

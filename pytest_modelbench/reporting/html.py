@@ -20,7 +20,7 @@ from pytest_modelbench.reporting import charts
 from pytest_modelbench.reporting.changes import CHANGES_CSS, ExampleChange, changes_html
 from pytest_modelbench.reporting.changes import reference_changes as find_reference_changes
 from pytest_modelbench.reporting.compare import Comparison, comparison_rows
-from pytest_modelbench.reporting.examples import examples_section
+from pytest_modelbench.reporting.examples import TooLarge, examples_section
 from pytest_modelbench.reporting.leaderboard import Cell, cells, ranked_models
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.reporting.rows import Example, failing_examples
@@ -376,8 +376,10 @@ def render_report(
     picked: Mapping[str, list[Example]] | None = None,
     examples_source: str = "embedded",
     run_hint: str = "",
+    packed: tuple[str, int] | TooLarge | None = None,
 ) -> str:
-    """The whole ``report.html`` page; ``picked``: failing examples already read, by item.
+    """The whole ``report.html`` page; ``picked``: failing examples already read, by item;
+    ``packed``: the embedded examples already encoded (:class:`EmbeddedExamples`).
 
     ``examples_source``: ``embedded`` (every example in the page) or ``api`` (the page
     served by ``modelbench view``, which asks its server).
@@ -420,7 +422,7 @@ def render_report(
         + reference_section(run)
         + "<h2>Details</h2>"
         + "".join(details)
-        + examples_section(run, source=examples_source, run_hint=run_hint)
+        + examples_section(run, source=examples_source, run_hint=run_hint, packed=packed)
         + f"<script>{SORT_JS}</script></body></html>\n"
     )
 
@@ -431,9 +433,10 @@ def write_report(
     *,
     examples: int = 5,
     picked: Mapping[str, list[Example]] | None = None,
+    packed: tuple[str, int] | TooLarge | None = None,
 ) -> Path:
     path = path or run.directory / REPORT_NAME
-    atomic_write_text(path, render_report(run, examples=examples, picked=picked))
+    atomic_write_text(path, render_report(run, examples=examples, picked=picked, packed=packed))
     return path
 
 

@@ -16,7 +16,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,6 +251,10 @@ def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example
     return picker.examples(run.run_id)
 
 
+RowSink = Callable[[int, ItemRecord, Mapping[str, Any]], None]
+"""Called with (the item's index in the run, the item, its journal row) for every row."""
+
+
 class ParquetUnavailable(Exception):
     """pyarrow is not installed; the message names the extra to install."""
 
@@ -296,11 +300,14 @@ def parquet_inputs_key(run: RunData) -> str:
 
 
 def write_parquet_if_changed(
-    run: RunData, path: Path, pickers: Mapping[str, FailingPicker] | None = None
+    run: RunData,
+    path: Path,
+    pickers: Mapping[str, FailingPicker] | None = None,
+    on_row: RowSink | None = None,
 ) -> bool:
     """Write ``results.parquet`` unless it was written from the same inputs (kept in a sidecar
-    file); True when written (and ``pickers`` saw every row). A finished run re-reported from
-    the store imports no pyarrow."""
+    file); True when written (and ``pickers`` and ``on_row`` saw every row). A finished run
+    re-reported from the store imports no pyarrow."""
     sidecar = path.with_name(f".{path.name}.inputs")
     key = parquet_inputs_key(run)
     try:
@@ -308,7 +315,7 @@ def write_parquet_if_changed(
             return False
     except OSError:
         pass
-    write_parquet(run, path, pickers=pickers)
+    write_parquet(run, path, pickers=pickers, on_row=on_row)
     tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
     tmp.write_text(key)
     os.replace(tmp, sidecar)
@@ -320,10 +327,11 @@ def write_parquet(
     path: Path,
     batch_rows: int = 10_000,
     pickers: Mapping[str, FailingPicker] | None = None,
+    on_row: RowSink | None = None,
 ) -> int:
     """Write every example row to ``path`` atomically; returns the number of rows. Each
-    item's rows also go to its picker in ``pickers`` (the HTML report's examples, read in the
-    same pass).
+    item's rows also go to its picker in ``pickers`` and to ``on_row`` with the item's index
+    (the HTML report's failing and embedded examples, read in the same pass).
 
     Rows reach Arrow through its JSON reader, not ``pa.array`` / ``Table.from_pylist``: those
     import pandas to look for pandas objects (about 0.45 s on every run's write path).
@@ -337,11 +345,13 @@ def write_parquet(
     count = 0
     with pq.ParquetWriter(str(tmp), schema) as writer:
         batch: list[bytes] = []
-        for item in run.items:
+        for index, item in enumerate(run.items):
             picker = (pickers or {}).get(item.item_id)
             for raw in item_rows(run, item):
                 if picker is not None:
                     picker.add(raw)
+                if on_row is not None:
+                    on_row(index, item, raw)
                 row = normal_row(run.run_id, item, raw)
                 pairs = [{"key": k, "value": v} for k, v in row["metrics"].items()]
                 line = json.dumps({**row, "metrics": pairs}, allow_nan=False).encode()

@@ -55,6 +55,7 @@ def write_run_reports(
 ) -> tuple[list[Path], str | None]:
     """All run-directory reports; returns (paths written, note about what was skipped)."""
     # lazily: report builders load only at session end (pytest start-up)
+    from pytest_modelbench.reporting.examples import EmbeddedExamples
     from pytest_modelbench.reporting.html import write_report
     from pytest_modelbench.reporting.leaderboard import write_leaderboards
     from pytest_modelbench.reporting.model import load_run
@@ -66,11 +67,15 @@ def write_run_reports(
     )
 
     run = load_run(run_dir, records, outcomes=outcomes)
-    # the parquet pass over the journals also picks the report's failing examples
+    # the parquet pass over the journals also picks the report's failing examples and packs
+    # its embedded ones; when it is skipped or fails, the report reads the journals itself
     pickers = {item.item_id: FailingPicker(item, examples) for item in run.items}
+    embedded = EmbeddedExamples()
     note = None
     try:
-        write_parquet_if_changed(run, run_dir / PARQUET_NAME, pickers)  # kept when unchanged
+        # kept when unchanged
+        if write_parquet_if_changed(run, run_dir / PARQUET_NAME, pickers, embedded.add):
+            embedded.done()
         parquet = [run_dir / PARQUET_NAME]
     except ParquetUnavailable as exc:
         parquet, note = [], f"{PARQUET_NAME} skipped: {exc}"
@@ -78,8 +83,8 @@ def write_run_reports(
         # are still written, and the failure is one line of the summary
         parquet, note = [], f"{PARQUET_NAME} not written: {type(exc).__name__}: {exc}"
     picked = {key: p.picked for key, p in pickers.items() if p.picked is not None}
-    paths = [write_report(run, examples=examples, picked=picked), *write_leaderboards(run)]
-    return [*paths, *parquet], note
+    report = write_report(run, examples=examples, picked=picked, packed=embedded.packed)
+    return [report, *write_leaderboards(run), *parquet], note
 
 
 class ReportWriter:

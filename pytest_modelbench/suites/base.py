@@ -17,6 +17,7 @@ from typing import Any
 
 from pytest_modelbench.suites.args import Arg, parse_env_args
 from pytest_modelbench.suites.contract import JSON, Example, Score
+from pytest_modelbench.suites.selection import LazyExamples
 from pytest_modelbench.suites.vendored import Record, checksum, load_jsonl
 
 CACHE_SIZE = 8
@@ -50,7 +51,7 @@ class BuiltinSuite(ABC):
     fewshot_file: str | None = None
 
     def __init__(self) -> None:
-        self._cache: OrderedDict[str, tuple[Example, ...]] = OrderedDict()
+        self._cache: OrderedDict[str, Sequence[Example]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- declared by subclasses ------------------------------------------------
@@ -64,8 +65,8 @@ class BuiltinSuite(ABC):
         return False
 
     @abstractmethod
-    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:
-        """All examples for validated ``args``."""
+    def build(self, args: Mapping[str, Any], seed: int) -> Sequence[Example]:
+        """All examples for validated ``args`` (a list, or :class:`LazyExamples` made on use)."""
 
     @abstractmethod
     def score(self, example: Example, completion: str) -> Score: ...
@@ -94,7 +95,8 @@ class BuiltinSuite(ABC):
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        built = tuple(self.build(args, seed))
+        made = self.build(args, seed)
+        built = made if isinstance(made, LazyExamples) else tuple(made)
         with self._lock:
             self._cache[key] = built
             while len(self._cache) > CACHE_SIZE:

@@ -236,9 +236,28 @@ def _options_named(text: str, options: Sequence[str], letters: str) -> list[str]
     return [
         letter
         for letter, option in zip(letters, options, strict=False)
-        if len(option.strip()) >= 3
-        and re.search(rf"(?<!\w){re.escape(option.strip().lower())}(?!\w)", text)
+        if len(option.strip()) >= 3 and _names(text, option.strip().lower())
     ]
+
+
+def _names(text: str, words: str) -> bool:
+    r"""``words`` occurs in ``text`` as whole words: ``(?<!\w)words(?!\w)`` without compiling
+    a pattern per option (thousands of distinct options overflow ``re``'s cache, and a
+    reply that names no letter then cost ~0.4 ms to score instead of ~20 µs)."""
+    start = text.find(words)
+    while start >= 0:
+        end = start + len(words)
+        if not (start and _is_word(text[start - 1])) and not (
+            end < len(text) and _is_word(text[end])
+        ):
+            return True
+        start = text.find(words, start + 1)
+    return False
+
+
+def _is_word(char: str) -> bool:
+    r"""What ``\w`` matches in a ``str`` pattern: ``str.isalnum()`` or the underscore."""
+    return char.isalnum() or char == "_"
 
 
 # ---------------------------------------------------------------------------

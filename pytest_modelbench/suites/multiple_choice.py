@@ -19,6 +19,7 @@ from pytest_modelbench.suites.base import SYSTEM_PROMPT_ARG, BuiltinSuite, num_f
 from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.extract import extract_choice
 from pytest_modelbench.suites.prompting import chat, format_options, letter_list, letters_for, plain
+from pytest_modelbench.suites.selection import LazyExamples
 from pytest_modelbench.suites.vendored import Record
 
 INSTRUCTION = (
@@ -149,33 +150,34 @@ class MultipleChoiceSuite(BuiltinSuite):
         keep = set(wanted)
         return [r for r in self.records if r.get(self.subject_field) in keep]
 
-    def build(self, args: Mapping[str, Any], seed: int) -> list[Example]:
+    def build(self, args: Mapping[str, Any], seed: int) -> LazyExamples[Example]:
+        """Made on use: ``--num-examples`` formats only the prompts it runs."""
         shuffle_seed = args["shuffle_seed"] if args["shuffle_seed"] is not None else seed
-        examples = []
-        for record in self.selected(args):
-            options = list(record["options"])
-            letters = letters_for(options)
-            gold_index = letters.index(str(record["answer"]))
-            order = None
-            if args["shuffle_answers"]:
-                order = permutation(len(options), shuffle_seed, str(record["id"]))
-                options = [options[i] for i in order]
-                gold_index = order.index(gold_index)
-            shots = self.shots_for(record, args["num_fewshot"])
-            messages = chat(self.user_turn(record, options), shots, args["system_prompt"])
-            meta: dict[str, Any] = {"subject": record.get(self.subject_field)}
-            if order is not None:
-                meta["permutation"] = order
-            examples.append(
-                Example(
-                    id=str(record["id"]),
-                    messages=messages,
-                    gold={"answer": letters[gold_index], "options": options},
-                    prompt=plain(messages) + "Answer:",
-                    meta=meta,
-                )
-            )
-        return examples
+        records = self.selected(args)
+        strata = [str(record.get(self.subject_field)) for record in records]  # meta["subject"]
+        return LazyExamples(strata, lambda index: self._example(records[index], args, shuffle_seed))
+
+    def _example(self, record: Record, args: Mapping[str, Any], shuffle_seed: int) -> Example:
+        options = list(record["options"])
+        letters = letters_for(options)
+        gold_index = letters.index(str(record["answer"]))
+        order = None
+        if args["shuffle_answers"]:
+            order = permutation(len(options), shuffle_seed, str(record["id"]))
+            options = [options[i] for i in order]
+            gold_index = order.index(gold_index)
+        shots = self.shots_for(record, args["num_fewshot"])
+        messages = chat(self.user_turn(record, options), shots, args["system_prompt"])
+        meta: dict[str, Any] = {"subject": record.get(self.subject_field)}
+        if order is not None:
+            meta["permutation"] = order
+        return Example(
+            id=str(record["id"]),
+            messages=messages,
+            gold={"answer": letters[gold_index], "options": options},
+            prompt=plain(messages) + "Answer:",
+            meta=meta,
+        )
 
     def score(self, example: Example, completion: str) -> Score:
         gold = example.gold

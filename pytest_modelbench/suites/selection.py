@@ -12,36 +12,86 @@ are reused). Examples without subjects are taken in file order, as ``lm_eval --l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar, overload
 
 from pytest_modelbench.suites.contract import Example
 
-__all__ = ["STRATUM_KEY", "select_examples", "stratified_order"]
+__all__ = ["STRATUM_KEY", "LazyExamples", "select_examples", "stratified_order"]
 
 STRATUM_KEY = "subject"
 E = TypeVar("E", bound=Example)
 
 
-def stratified_order(examples: Sequence[E]) -> list[E]:
-    """``examples`` interleaved across subjects in proportion to their sizes (see the module)."""
+class LazyExamples(Sequence[E]):
+    """Examples made on first access, each one's stratum (``str(meta["subject"])``) known
+    without making it: ``--num-examples 2000`` of MMLU's 14,042 questions formats 2000
+    prompts, not all of them (about 0.1 s of every such item's start-up, and its exit)."""
+
+    def __init__(self, strata: Sequence[str], make: Callable[[int], E]) -> None:
+        self.strata = strata
+        self._make = make
+        self._made: list[E | None] = [None] * len(strata)
+        self._order: list[int] | None = None
+
+    def stratified(self) -> list[int]:
+        """:func:`stratified_order`'s positions, computed once (each item selects twice)."""
+        if self._order is None:
+            self._order = _stratified_indexes(self.strata)
+        return self._order
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    @overload
+    def __getitem__(self, index: int) -> E: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[E]: ...
+
+    def __getitem__(self, index: int | slice) -> E | list[E]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        made = self._made[index]  # IndexError past the end, as a tuple's
+        if made is None:
+            # two threads may make the same example at once: equal values, either is kept
+            made = self._made[index] = self._make(range(len(self))[index])
+        return made
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a sequence of equal examples, as the tuple of them it stands for is."""
+        if not isinstance(other, (LazyExamples, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+
+def _stratified_indexes(strata: Sequence[str]) -> list[int]:
+    """Positions of ``strata`` interleaved across strata in proportion to their sizes."""
     by_stratum: dict[str, list[int]] = {}
-    for index, example in enumerate(examples):
-        by_stratum.setdefault(str(example.meta.get(STRATUM_KEY)), []).append(index)
+    for index, stratum in enumerate(strata):
+        by_stratum.setdefault(stratum, []).append(index)
     if len(by_stratum) < 2:
-        return list(examples)
+        return list(range(len(strata)))
     placed: list[tuple[float, int, int]] = []
     for rank, indexes in enumerate(by_stratum.values()):  # rank: first appearance in the file
         size = len(indexes)
         placed += [((i + 0.5) / size, rank, index) for i, index in enumerate(indexes)]
     placed.sort()
-    return [examples[index] for _, _, index in placed]
+    return [index for _, _, index in placed]
+
+
+def stratified_order(examples: Sequence[E]) -> list[E]:
+    """``examples`` interleaved across subjects in proportion to their sizes (see the module)."""
+    strata = [str(example.meta.get(STRATUM_KEY)) for example in examples]
+    return [examples[index] for index in _stratified_indexes(strata)]
 
 
 def select_examples(examples: Sequence[E], limit: int) -> list[E]:
     """The examples that ``num_examples: limit`` runs (all of them when ``limit`` < 0)."""
     if limit < 0 or limit >= len(examples):
         return list(examples)
+    if isinstance(examples, LazyExamples):  # the same choice, making only the chosen ones
+        return [examples[index] for index in examples.stratified()[:limit]]
     if not any(STRATUM_KEY in example.meta for example in examples):
         return list(examples[:limit])
     return stratified_order(examples)[:limit]
