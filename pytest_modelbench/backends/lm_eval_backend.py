@@ -34,7 +34,6 @@ from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.config.schema import split_request_args
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.planning.plan import request_headers
 from pytest_modelbench.running.endpoint import relay_timeout_s
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
@@ -196,7 +195,6 @@ class LmEvalBackend:
         with ctx.endpoint.single_url(
             timeout_s=model.timeout,
             max_retries=model.max_retries,
-            headers=request_headers(ctx.item),  # the router adds them to every request
         ) as url:
             return self._evaluate(ctx, url)
 

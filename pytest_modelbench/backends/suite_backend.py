@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.planning.plan import request_headers
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.suites.contract import (
@@ -101,8 +100,9 @@ class SuiteBackend:
 
         async def main() -> Any:
             # extra_body is merged into the sampling args and extra_headers kept apart when the
-            # configuration is read (config.schema.split_request_args): the headers go to the
-            # client, so every request carries them and no file records them
+            # configuration is read (config.schema.split_request_args): the headers travel with
+            # the endpoint (evaluation.endpoints), so every request carries them and no file
+            # records them
             settings = LoopSettings(
                 api=ctx.endpoint.api,
                 model=ctx.endpoint.served_model,
@@ -113,7 +113,6 @@ class SuiteBackend:
             async with ctx.endpoint.client(
                 timeout_s=item.model.timeout,
                 max_retries=item.model.max_retries,
-                headers=request_headers(item),
             ) as client:
                 await ctx.endpoint.ensure_ready(client)
                 return await run_loop(

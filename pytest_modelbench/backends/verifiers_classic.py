@@ -38,7 +38,6 @@ from pytest_modelbench.backends.verifiers_common import (
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.planning.plan import request_headers
 from pytest_modelbench.running.endpoint import relay_timeout_s
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
@@ -305,7 +304,6 @@ class ClassicEnvironment:
         async with ctx.endpoint.asingle_url(
             timeout_s=model.timeout,
             max_retries=model.max_retries,
-            headers=request_headers(ctx.item),  # the router adds them to every request
         ) as base_url:
             await self._generate_at(base_url, ctx, env, todo, journal)
 

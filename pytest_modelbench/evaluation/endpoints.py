@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
+from pytest_modelbench.planning.plan import request_headers
 from pytest_modelbench.running.endpoint import Endpoint, close_router
 from pytest_modelbench.running.urls import UrlSet
 from pytest_modelbench.secrets import remember
@@ -97,6 +98,7 @@ class EndpointManager:
                 preflight_timeout_s=self.preflight_timeout_s,
                 checked=self._checked,
                 urls=self.urls(base_urls, served),
+                headers=request_headers(item),
             )
         if self.serving is None:
             raise EvaluationError(
@@ -115,6 +117,7 @@ class EndpointManager:
             checked=self._checked,
             died=self.serving.death_report,
             urls=live,
+            headers=request_headers(item),
         )
 
     def identity(self, item: PlannedItem) -> dict[str, Any] | IdentityUnknown | None:

@@ -42,17 +42,17 @@ class Endpoint:
     died: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
     # the live URL set (base_urls, and replicas that join later): shared per worker and model
     urls: UrlSet = field(default_factory=UrlSet, compare=False, repr=False)
+    # the item's extra_headers: sent with every request, whichever way a backend sends
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.urls.urls:
             for url in self.base_urls:
                 self.urls.add(url)
 
-    def client(
-        self, *, timeout_s: float, max_retries: int, headers: Mapping[str, str] | None = None
-    ) -> OpenAIClient:
-        """An endpoint pool over the live URL set, for the caller's event loop; ``headers`` go
-        with every request (an item's ``extra_headers``)."""
+    def client(self, *, timeout_s: float, max_retries: int) -> OpenAIClient:
+        """An endpoint pool over the live URL set, for the caller's event loop; :attr:`headers`
+        go with every request."""
         from pytest_modelbench.running.client import OpenAIClient  # start-up time: see above
         from pytest_modelbench.running.pool import RetryPolicy
 
@@ -62,7 +62,7 @@ class Endpoint:
             timeout_s=timeout_s,
             retry=RetryPolicy(max_retries=max_retries, backoff_s=self.backoff_s),
             died=self.died,
-            headers=headers,
+            headers=self.headers,
         )
 
     async def ensure_ready(self, client: EndpointPool) -> None:
@@ -83,29 +83,25 @@ class Endpoint:
         self.checked[key] = None
 
     @contextmanager
-    def single_url(
-        self, *, timeout_s: float, max_retries: int, headers: Mapping[str, str] | None = None
-    ) -> Iterator[str]:
+    def single_url(self, *, timeout_s: float, max_retries: int) -> Iterator[str]:
         """One loopback base URL (``.../v1``) spreading over the whole URL set with the pool's
-        policy (and ``headers`` on every request), for tools that take a single base URL;
+        policy (and :attr:`headers` on every request), for tools that take a single base URL;
         pre-flighted first (EvaluationError)."""
         from pytest_modelbench.running.router import worker_router  # start-up time
 
         with worker_router().mount(
-            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries, headers=headers),
+            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries),
             self.ensure_ready,
         ) as url:
             yield url
 
     @asynccontextmanager
-    async def asingle_url(
-        self, *, timeout_s: float, max_retries: int, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[str]:
+    async def asingle_url(self, *, timeout_s: float, max_retries: int) -> AsyncIterator[str]:
         """:meth:`single_url` for a caller inside an event loop."""
         from pytest_modelbench.running.router import worker_router  # start-up time
 
         async with worker_router().amount(
-            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries, headers=headers),
+            lambda: self.client(timeout_s=timeout_s, max_retries=max_retries),
             self.ensure_ready,
         ) as url:
             yield url

@@ -158,11 +158,15 @@ def test_extra_body_is_merged_and_extra_headers_are_sent_by_the_suite_backend(
 def test_the_router_adds_the_items_headers_over_the_callers() -> None:
     async def go() -> tuple[int, RawServer]:
         async with RawServer(serving) as server:
-            target = Endpoint(
-                base_urls=(server.url(),), served_model="m", api="chat", backoff_s=0.001
-            )
             headers = {"X-Title": "modelbench", "X-Api-Key": PASSWORD}
-            async with target.asingle_url(timeout_s=5, max_retries=0, headers=headers) as url:
+            target = Endpoint(
+                base_urls=(server.url(),),
+                served_model="m",
+                api="chat",
+                backoff_s=0.001,
+                headers=headers,
+            )
+            async with target.asingle_url(timeout_s=5, max_retries=0) as url:
                 status, _, _ = await post(f"{url}/chat/completions", chat("q"), **{"x-title": "t"})
                 return status, server
 
@@ -266,8 +270,10 @@ def test_a_200_error_then_an_answer_is_an_answer() -> None:
 def test_the_client_sends_the_extra_headers_on_every_request() -> None:
     async def go() -> RawServer:
         async with RawServer(lambda _seen: http(answer("x"))) as server:
-            target = Endpoint(base_urls=(server.url(),), served_model="m", api="chat")
-            async with target.client(timeout_s=5, max_retries=0, headers={"X-A": "1"}) as client:
+            target = Endpoint(
+                base_urls=(server.url(),), served_model="m", api="chat", headers={"X-A": "1"}
+            )
+            async with target.client(timeout_s=5, max_retries=0) as client:
                 await client.request(CHAT, chat("q"))
             return server
 
