@@ -12,20 +12,14 @@ from collections.abc import Mapping
 
 import pytest
 
-from pytest_modelbench.store.pytest_cache import cache_set
+from pytest_modelbench.store.pytest_cache import cache_get, cache_set
 
 DURATIONS_KEY = "modelbench/durations"
 
 
 def read_durations(config: pytest.Config) -> dict[str, float]:
     """Remembered item durations; anything missing or malformed is ignored."""
-    cache = getattr(config, "cache", None)
-    if cache is None:
-        return {}
-    try:
-        raw = cache.get(DURATIONS_KEY, None)
-    except Exception:  # a corrupt cache file must not stop the run
-        return {}
+    raw = cache_get(config, DURATIONS_KEY, None)
     if not isinstance(raw, dict):
         return {}
     durations: dict[str, float] = {}

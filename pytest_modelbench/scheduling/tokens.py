@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_modelbench.store.pytest_cache import cache_set
+from pytest_modelbench.store.pytest_cache import cache_get, cache_set
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
@@ -102,13 +102,7 @@ def _whole(value: Any) -> int | None:
 
 def read_tokens(config: pytest.Config) -> dict[str, ObservedTokens]:
     """Remembered observations by item id; anything missing or malformed is ignored."""
-    cache = getattr(config, "cache", None)
-    if cache is None:
-        return {}
-    try:
-        raw = cache.get(TOKENS_KEY, None)
-    except Exception:  # a corrupt cache file must not stop the run
-        return {}
+    raw = cache_get(config, TOKENS_KEY, None)
     if not isinstance(raw, dict) or raw.get("schema_version") != SCHEMA_VERSION:
         return {}
     items = raw.get("items")

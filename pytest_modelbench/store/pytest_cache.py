@@ -12,8 +12,15 @@ from pytest_modelbench.store.files import StoreWriteError, atomic_write_text
 
 
 def cache_get(config: pytest.Config, key: str, default: Any) -> Any:
+    """``config.cache.get``; ``default`` without a cache (``-p no:cacheprovider``) or when
+    the value cannot be read (a corrupt cache file must not stop the run)."""
     cache = getattr(config, "cache", None)
-    return default if cache is None else cache.get(key, default)
+    if cache is None:
+        return default
+    try:
+        return cache.get(key, default)
+    except Exception:
+        return default
 
 
 def cache_set(config: pytest.Config, key: str, value: Any) -> None:
