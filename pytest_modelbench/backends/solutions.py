@@ -28,14 +28,13 @@ from typing import Any
 
 from pytest_modelbench.backends.protocol import ItemContext
 from pytest_modelbench.backends.suite_backend import SuiteBackend
-from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
+from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import (
     Example,
-    SuiteRefused,
     aggregate_extra,
     preflight,
     summary_fields,
@@ -286,10 +285,7 @@ class SolutionsBackend:
         )
         ctx.progress.start(item.item_id, len(wanted), len(wanted) - len(todo))
         if todo:
-            try:
-                preflight(self.suite)  # e.g. code suites without OS isolation
-            except SuiteRefused as exc:
-                raise EvaluationError(f"{item.item_id}: {exc}") from None
+            preflight(self.suite, item.item_id)  # e.g. code suites without OS isolation
         started = time.perf_counter()
         journal.open()
         try:

@@ -13,7 +13,6 @@ from pytest_modelbench.suites.contract import (
     Example,
     Suite,
     SuiteArgumentError,
-    SuiteRefused,
     aggregate_extra,
     preflight,
     summary_fields,
@@ -125,10 +124,7 @@ class SuiteBackend:
                 )
 
         if total > len(done):
-            try:
-                preflight(self.suite)  # e.g. code suites without OS isolation
-            except SuiteRefused as exc:
-                raise EvaluationError(f"{item.item_id}: {exc}") from None
+            preflight(self.suite, item.item_id)  # e.g. code suites without OS isolation
         journal.open()
         if total > len(done):
             prefetch()  # pyarrow for session end, while this item waits on its server

@@ -222,8 +222,7 @@ class FailingPicker:
             else:
                 below = sorted((-s, -i, row) for s, i, row in self._lowest if -s < self._top)
                 wrong = [row for _, _, row in below[:wanted]]
-        raw = [*self._errored, *wrong]
-        rows = [normal_row(run_id, self.item, row) for row in raw]
+        rows = [normal_row(run_id, self.item, row) for row in (*self._errored, *wrong)]
         return [
             Example(
                 str(r["example_id"]),
@@ -234,10 +233,10 @@ class FailingPicker:
                 r["completion"] or "",
                 r["gold"] or "",
                 r["extracted"] or "",
-                _text(row.get("reasoning")) or "",
+                r["reasoning"] or "",
                 r["finish_reason"] or "",
             )
-            for r, row in zip(rows, raw, strict=True)
+            for r in rows
         ]
 
 

@@ -15,7 +15,6 @@ fails at once with its message, unless its code says to retry (429, 5xx).
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pytest_modelbench.running.pool import (
     unusable,
 )
 from pytest_modelbench.running.urls import UrlSet
-from pytest_modelbench.suites.extract import THINK_TAG
+from pytest_modelbench.suites.extract import split_thinking
 
 __all__ = [
     "Completion",
@@ -42,6 +41,7 @@ __all__ = [
     "RequestFailed",
     "RetryPolicy",
     "UrlSet",
+    "split_thinking",
 ]
 
 
@@ -70,41 +70,7 @@ class Completion:
         return self.truncated and not self.text.strip()
 
 
-_THINK = re.compile(rf"<(/?){THINK_TAG}>", re.I)
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # vLLM's names, older first
-
-
-def split_thinking(text: str) -> tuple[str, str | None]:
-    """(the answer, the thinking) of a text that may hold ``<think>…</think>`` blocks.
-
-    As :func:`pytest_modelbench.suites.extract.remove_thinking` reads them: a closing tag with
-    no opening one (the chat template opened the block) makes everything before it thinking;
-    an opening tag that never closes (the budget ran out mid-thought) makes everything after
-    it thinking. The answer keeps its whitespace (code indentation).
-    """
-    if "<" not in text:
-        return text, None
-    answer: list[str] = []
-    thought: list[str] = []
-    outside, start, found = True, 0, False
-    for tag in _THINK.finditer(text):
-        found = True
-        if not tag[1]:  # opening tag
-            if outside:
-                answer.append(text[start : tag.start()])
-                outside, start = False, tag.end()
-        else:  # closing tag
-            if outside:  # closing-only: what came before was thinking
-                thought.append("".join(answer) + text[start : tag.start()])
-                answer = []
-            else:
-                thought.append(text[start : tag.start()])
-            outside, start = True, tag.end()
-    if not found:
-        return text, None
-    (answer if outside else thought).append(text[start:])
-    reasoning = "\n\n".join(t.strip() for t in thought if t.strip())
-    return "".join(answer), reasoning or None
 
 
 def _reasoning_field(choice: Mapping[str, Any]) -> str | None:

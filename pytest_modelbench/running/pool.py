@@ -222,10 +222,6 @@ class EndpointPool:
         self._rng = random.Random(seed)
         self._session: aiohttp.ClientSession | None = None
 
-    @property
-    def base_urls(self) -> tuple[str, ...]:
-        return self.urls.urls
-
     async def __aenter__(self: P) -> P:
         self._session = open_session(self._headers)
         return self

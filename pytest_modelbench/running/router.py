@@ -73,7 +73,7 @@ class Router:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
-                    target=_run_loop, args=(loop,), name="modelbench-router", daemon=True
+                    target=run_forever, args=(loop,), name="modelbench-router", daemon=True
                 )
                 thread.start()
                 try:
@@ -249,7 +249,9 @@ def loopback_direct() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+def run_forever(loop: asyncio.AbstractEventLoop) -> None:
+    """A background thread's event loop: runs until stopped, then cancels what is left and
+    closes it."""
     asyncio.set_event_loop(loop)
     try:
         loop.run_forever()

@@ -94,11 +94,6 @@ SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "o
 FORK_EVENTS = {"os.fork", "os.forkpty"}
 
 
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-
-
 def drop_capabilities() -> bool:
     """No capabilities now or after exec, so the program cannot undo any isolation."""
     if not sys.platform.startswith("linux"):
@@ -413,7 +408,7 @@ def main() -> None:
     iso: dict[str, Any] = {"level": config["level"], "cgroup": False}
     if config.get("cgroup_procs"):
         try:
-            _write(config["cgroup_procs"], str(os.getpid()))
+            namespaces.write_file(config["cgroup_procs"], str(os.getpid()))
             iso["cgroup"] = True
         except OSError as error:
             iso["cgroup_error"] = str(error)

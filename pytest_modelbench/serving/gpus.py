@@ -34,7 +34,7 @@ from typing import Protocol
 
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.serving.base import ServingError
-from pytest_modelbench.serving.handover import held
+from pytest_modelbench.serving.handover import held, lock_exclusive
 
 __all__ = [
     "BUSY_ENV",
@@ -455,10 +455,6 @@ def _ensure_lock_dir(lock_dir: Path) -> None:
         os.chmod(lock_dir, 0o1777)
 
 
-LOCK_TRIES = 3  # a probe (session_gpus, handover.held) holds a lock for microseconds
-LOCK_RETRY_S = 0.005
-
-
 def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
     path = _lock_path(lock_dir, gpu_id)
     try:
@@ -467,15 +463,9 @@ def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
     except PermissionError:  # another user's lock file: flock works read-only too
         fd = os.open(path, os.O_RDONLY)
         writable = False
-    for attempt in range(LOCK_TRIES):
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if attempt + 1 == LOCK_TRIES:
-                os.close(fd)
-                return None
-            time.sleep(LOCK_RETRY_S)
+    if not lock_exclusive(fd):
+        os.close(fd)
+        return None
     if not writable:
         return _GpuLock(path, fd)
     note = (

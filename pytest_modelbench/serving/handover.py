@@ -30,7 +30,16 @@ OFFER_POLL_S = 0.2
 PATIENCE_S = 30.0  # wanted but not taken this long: the taker cannot use it, give up
 WITHDRAW_WAIT_S = 10.0  # a taker that holds on after the offer is withdrawn is not waited for
 
-__all__ = ["Borrowed", "Offer", "Wanted", "held", "launch_key", "take", "wanted"]
+__all__ = [
+    "Borrowed",
+    "Offer",
+    "Wanted",
+    "held",
+    "launch_key",
+    "lock_exclusive",
+    "take",
+    "wanted",
+]
 
 
 def launch_key(fields: Mapping[str, Any]) -> str:
@@ -60,20 +69,32 @@ def held(path: Path) -> bool:
         os.close(fd)
 
 
+LOCK_TRIES = 3  # a probe (held) holds a lock for microseconds: try again that soon
+LOCK_RETRY_S = 0.005
+
+
+def lock_exclusive(fd: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` without waiting, trying ``LOCK_TRIES`` times
+    (a concurrent :func:`held` probe is not a holder); False when someone holds it."""
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < LOCK_TRIES:
+                time.sleep(LOCK_RETRY_S)
+    return False
+
+
 def _lock(path: Path, *, create: bool = True) -> int | None:
     """A held exclusive lock on ``path``, or None when another holds it (or, without
-    ``create``, when the file is gone). Tried three times: a probe (:func:`held`) holds a
-    lock for microseconds."""
+    ``create``, when the file is gone)."""
     try:
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
     except FileNotFoundError:
         return None
-    for attempt in range(3):
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            time.sleep(0.005 * (attempt < 2))
+    if lock_exclusive(fd):
+        return fd
     os.close(fd)
     return None
 

@@ -333,11 +333,6 @@ class ServerPool:
         server.start(spec.timeout_s)
         return server
 
-    @property
-    def replicas_started(self) -> int:
-        """Replicas of the current server that have served (0 without any)."""
-        return self._replicas.started if self._replicas is not None else 0
-
     def report_replicas(self) -> None:
         """Warn (in the calling thread: the running test) what happened to replicas."""
         if self._replicas is not None:

@@ -187,7 +187,6 @@ class ReplicaSet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = 0  # replicas that served
-        self.borrowed = 0  # of them, servers lent by other workers
         self._launches = 0  # replicas this set started (numbers their logs)
 
     # -- life ------------------------------------------------------------------------------
@@ -303,7 +302,6 @@ class ReplicaSet:
                     self._replicas.append(_Replica(_Lent(), index=0, server=server, ready=True))
                     self.urls.add(server.base_url, replica=True)
                     self.started += 1
-                    self.borrowed += 1
             if stopped:
                 server.stop()
                 return

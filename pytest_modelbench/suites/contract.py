@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_modelbench.errors import EvaluationError
+
 JSON = Any  # a JSON-serialisable value
 
 Message = Mapping[str, str]  # {"role": "user", "content": "..."}
@@ -127,20 +129,17 @@ def aggregate_extra(
     return result
 
 
-class SuiteRefused(Exception):
-    """A suite refused to run here (its message says why and what the user can do)."""
-
-
-def preflight(suite: Suite) -> None:
+def preflight(suite: Suite, item_id: str) -> None:
     """Let a suite refuse before any request (code suites without OS isolation): its
-    ``preflight()`` raises a ``RuntimeError`` naming why, re-raised as :class:`SuiteRefused`."""
+    ``preflight()`` raises a ``RuntimeError`` naming why, which fails the item with that
+    message (:class:`EvaluationError`)."""
     hook = getattr(suite, "preflight", None)
     if hook is None:
         return
     try:
         hook()
     except RuntimeError as exc:
-        raise SuiteRefused(str(exc)) from None
+        raise EvaluationError(f"{item_id}: {exc}") from None
 
 
 def summary_fields(suite: Suite) -> dict[str, Any]:

@@ -37,20 +37,40 @@ def remove_thinking(text: str) -> str:
     if _HARMONY_FINAL in text:
         text = text.rsplit(_HARMONY_FINAL, 1)[1]
         text = re.sub(r"<\|(?:return|end|call)\|>.*", "", text, flags=re.S)
-    pieces: list[str] = []
-    outside, start = True, 0
+    return split_thinking(text)[0]
+
+
+def split_thinking(text: str) -> tuple[str, str | None]:
+    """(the answer, the thinking) of a text that may hold ``<think>…</think>`` blocks.
+
+    As :func:`remove_thinking` reads them (the answer is what it keeps): a closing tag with no
+    opening one (the chat template opened the block) makes everything before it thinking; an
+    opening tag that never closes (the budget ran out mid-thought) makes everything after it
+    thinking. The answer keeps its whitespace (code indentation).
+    """
+    if "<" not in text:
+        return text, None
+    answer: list[str] = []
+    thought: list[str] = []
+    outside, start, found = True, 0, False
     for tag in _TAG.finditer(text):
+        found = True
         if not tag[1]:  # opening tag
             if outside:
-                pieces.append(text[start : tag.start()])
-                outside = False
+                answer.append(text[start : tag.start()])
+                outside, start = False, tag.end()
         else:  # closing tag
-            if outside:
-                pieces = []
+            if outside:  # closing-only: what came before was thinking
+                thought.append("".join(answer) + text[start : tag.start()])
+                answer = []
+            else:
+                thought.append(text[start : tag.start()])
             outside, start = True, tag.end()
-    if outside:
-        pieces.append(text[start:])
-    return "".join(pieces)
+    if not found:
+        return text, None
+    (answer if outside else thought).append(text[start:])
+    reasoning = "\n\n".join(t.strip() for t in thought if t.strip())
+    return "".join(answer), reasoning or None
 
 
 def last_boxed(text: str) -> str | None:

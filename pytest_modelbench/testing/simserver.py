@@ -36,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pytest_modelbench.running.router import run_forever
 from pytest_modelbench.testing import wire
 from pytest_modelbench.testing.cli import build_parser, config_from_args
 from pytest_modelbench.testing.faults import FaultKind, Faults, Latency
@@ -239,7 +240,7 @@ class SimServer:
             raise RuntimeError("SimServer is already running")
         loop = asyncio.new_event_loop()
         thread = threading.Thread(
-            target=self._run_loop, args=(loop,), name="modelbench-simserver", daemon=True
+            target=run_forever, args=(loop,), name="modelbench-simserver", daemon=True
         )
         thread.start()
         self._loop, self._thread = loop, thread
@@ -265,20 +266,6 @@ class SimServer:
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=30)
-
-    @staticmethod
-    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
 
     def __enter__(self) -> SimServer:
         return self.start()
