@@ -86,16 +86,20 @@ class ServerPool:
         cache_dir: Path | None = None,
         session: str | None = None,
         progress: Callable[[], Progress | None] | None = None,
+        estimate: Callable[[PlannedItem], float | None] | None = None,
     ) -> None:
         """``session``: the pytest session's id (xdist's ``testrunuid``); with ``progress``
         (the running item's id, done and total) this worker may start replicas on GPUs other
-        workers of the session gave back, and lend its server. Without them it never does."""
+        workers of the session gave back, and lend its server. Without them it never does.
+        ``estimate``: an item's work in seconds on one server (the session's cost plan), so
+        that replicas start alongside this worker's own server when the item pays for them."""
         self.run_dir = run_dir
         self.gpus_option = gpus_option
         self.cache_dir = cache_dir or default_cache_dir()
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.session = session
         self._progress = progress
+        self._estimate = estimate
         self._claim: Any = None
         self._cpu_warned = False
         self._server: Any = None
@@ -105,6 +109,8 @@ class ServerPool:
         self._replicas: ReplicaSet | None = None
         self._wanted: Wanted | None = None  # "more servers of my model welcome" (replicas)
         self._served_items: set[str] = set()  # items the current server serves
+        self._estimates: dict[str, float | None] = {}  # their work, seconds on one server
+        self._starting: str | None = None  # the item whose server is starting
         self._want_lock = threading.Lock()
         self._restarts: dict[str, int] = {}
         self._tp_warned: set[str] = set()
@@ -164,6 +170,8 @@ class ServerPool:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
 
+        if self._estimate is not None and self.session is not None:
+            self._estimates.setdefault(item.item_id, self._estimate_for(item))
         spec = item.model
         local = (
             spec.model is not None
@@ -223,12 +231,23 @@ class ServerPool:
         except ValueError as exc:  # reserved flag in serve.args
             raise ModelbenchUsageError(f"models.{item.model_name}.serve.args: {exc}") from None
         timeout_s = serve.startup_timeout if serve is not None else 900.0
-        began = time.monotonic()
-        server.start(timeout_s)
-        self._start_s = time.monotonic() - began
         self._launch = _Launch(
             item.model_name, str(model_path), served, args, max(1, n_gpus), timeout_s
         )
+        self._starting = item.item_id
+        self._watch(None)  # replicas may start alongside this server
+        began = time.monotonic()
+        try:
+            server.start(timeout_s)
+        except BaseException:
+            self._stop_replicas()
+            self._launch = None
+            raise
+        finally:
+            self._starting = None
+        self._start_s = time.monotonic() - began
+        if self._replicas is not None:
+            self._replicas.primary_started(self._start_s)
         self.starts += 1
         return server
 
@@ -242,25 +261,49 @@ class ServerPool:
             if self._replicas.urls is not urls:
                 self._replicas.attach(urls)
             return
+        self._watch(urls)
+
+    def _watch(self, urls: UrlSet | None) -> None:
+        """Watch for GPUs the session gave back, for replicas of the current launch. Without
+        ``urls``, while this worker's own server starts (``_starting``): its replicas wait in
+        a URL set of their own until :meth:`share` hands them the item's."""
         if self.session is None or self._progress is None or self._claim is None or self._claim.cpu:
             return  # no session to share GPUs with, or serving on the CPU
+        assert self._launch is not None
         # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.running.urls import UrlSet
         from pytest_modelbench.serving.gpus import default_lock_dir
         from pytest_modelbench.serving.handover import take
-        from pytest_modelbench.serving.replicas import ReplicaSet
+        from pytest_modelbench.serving.replicas import START_GUESS_S, ReplicaSet
 
         session, key, lock_dir = self.session, self._launch.key, default_lock_dir()
         self._replicas = ReplicaSet(
             model=self._launch.model_name,
-            urls=urls,
+            urls=urls if urls is not None else UrlSet(),
             launch=self._launch_replica,
             claim=self._claim_replica,
             progress=self._served_progress,
-            start_s=self._start_s,
+            start_s=self._start_s if urls is not None else START_GUESS_S,
             borrow=lambda: take(session, key, lock_dir),
             give_back=lambda found: found.give_back(session),  # type: ignore[attr-defined]
+            estimate=self._estimate_of,
+            primary_ready=urls is not None,
         )
         self._replicas.start()
+
+    def _estimate_for(self, item: PlannedItem) -> float | None:
+        assert self._estimate is not None
+        if item.item_id in self._estimates:
+            return self._estimates[item.item_id]
+        try:
+            return self._estimate(item)
+        except Exception:  # an estimate only helps replicas start early
+            return None
+
+    def _estimate_of(self, item_id: str | None) -> float | None:
+        """The cost plan's work of an item this server serves (None: the one it starts for)."""
+        key = item_id if item_id is not None else self._starting
+        return self._estimates.get(key) if key is not None else None
 
     def _served_progress(self) -> Progress | None:
         """The running item's progress while it is one this server serves (not an API item

@@ -21,6 +21,7 @@ session, on Ctrl-C (and by their watchdog if the worker is killed).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import deque
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 from pytest_modelbench.running.urls import UrlSet
 
 POLL_S = 1.0  # how often a worker looks for GPUs its session gave back
+START_GUESS_S = 60.0  # a server start, until this worker has timed its own
 RATE_WINDOW_S = 20.0  # the item's recent rate is measured over this long ...
 MIN_RATE_SPAN_S = 1.0  # ... and over at least this long before anything is decided
 MIN_SERVE_FRACTION = 0.5  # a replica must serve at least this share of its own start time
@@ -151,6 +153,13 @@ class ReplicaSet:
     serves; ``claim()`` locks free GPUs of the session for one server, or None;
     ``progress()`` is the running item's ``(done, total)``, None between items;
     ``borrow()`` a live server of the same model that another worker lends, or None.
+
+    ``estimate(item_id)`` is an item's work in seconds on one server, from the session's cost
+    plan (None when unknown; ``item_id`` None: the item the worker's own server is starting
+    for). It decides while no rate is measured yet:
+    while the worker's own server starts (``primary_ready=False`` until
+    :meth:`primary_started`), replicas start alongside it, so that a large item is spread
+    from its first request instead of after one start and a measurement.
     """
 
     def __init__(
@@ -164,10 +173,14 @@ class ReplicaSet:
         start_s: float,
         borrow: Callable[[], Server | None] = lambda: None,
         give_back: Callable[[Claim], None] = lambda claim: claim.release(),
+        estimate: Callable[[str | None], float | None] = lambda _item: None,
+        primary_ready: bool = True,
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
+        self._estimate = estimate
+        self._primary_ready = primary_ready
         self._borrow = borrow
         self._give_back = give_back
         self.urls = urls
@@ -213,6 +226,11 @@ class ReplicaSet:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
+    def primary_started(self, start_s: float) -> None:
+        """The worker's own server serves now; it took ``start_s`` to start."""
+        self.start_s = start_s
+        self._primary_ready = True
+
     def attach(self, urls: UrlSet) -> None:
         """Serve a new URL set (the primary restarted on another port): replicas move to it."""
         with self._lock:
@@ -251,7 +269,10 @@ class ReplicaSet:
         progress = self._progress()
         if progress is None:
             self._meter.reset()
-            return 0
+            if self._primary_ready:  # between items
+                return 0
+            work_s = self._estimate(None)  # the worker's own server is starting for an item
+            return 0 if work_s is None else self._grow(work_s, serving=0)
         item, done, total = progress
         if item != self._item:  # another item: its own rate
             self._item = item
@@ -266,15 +287,27 @@ class ReplicaSet:
             self._meter.reset()
         self._meter.add(self._clock(), done)
         rate = self._meter.rate()
-        if rate is None:
+        if rate is not None:
+            return self._grow((total - done) / (rate / serving), serving=serving)
+        work_s = self._estimate(item)  # not measured yet: the plan's estimate of what is left
+        if work_s is None or total <= 0:
+            return 0
+        return self._grow(work_s * (total - done) / total, serving=serving)
+
+    def _grow(self, work_s: float, *, serving: int) -> int:
+        """Start the replicas that pay for ``work_s`` seconds of work on one server left, with
+        ``serving`` servers answering (0 while the worker's own server starts)."""
+        if self._failed:
             return 0
         with self._lock:
             starting = sum(not r.ready for r in self._replicas)
+        if not self._primary_ready:
+            starting += 1  # the worker's own server joins when the starts do
         launched = 0
         while not self._stop.is_set() and not self._failed:
             wanted = replicas_that_pay(
-                remaining=total - done,
-                rate_per_server=rate / serving,
+                remaining=math.ceil(work_s * 1000),
+                rate_per_server=1000.0,
                 serving=serving,
                 starting=starting + launched,
                 start_s=self.start_s,

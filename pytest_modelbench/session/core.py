@@ -56,6 +56,7 @@ class ModelbenchSession:
         self._run_dir: Path | None = None
         self._evaluator: Any = None
         self._server_pool: Any = None  # serving.ServerPool, made by the first that needs it
+        self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
         self._book: Any = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
@@ -348,8 +349,16 @@ class ModelbenchSession:
                 # replicas: only xdist workers share GPUs (with the others of their session)
                 session=workerinput.get("testrunuid") if workerinput else None,
                 progress=item_progress(self.config.stash.get(PROGRESS_SINK, None)),
+                estimate=self._item_seconds,
             )
         return self._server_pool
+
+    def _item_seconds(self, item: PlannedItem) -> float:
+        """An item's work in seconds on one server, as the scheduler plans it (replicas start
+        alongside a worker's server when this pays for them)."""
+        if self._plan_costs is None:
+            self._plan_costs = self.plan_costs()
+        return self._plan_costs.cost(item.item_id).seconds
 
     def _reserve_gpus(self) -> None:
         """An xdist worker of a session that only serves models claims its GPUs now (for the

@@ -7,7 +7,9 @@ vLLM (GPU claim, command line, environment, health wait, reuse, stop); it serves
 ``servers.jsonl`` (served name, ``--model`` path, ``CUDA_VISIBLE_DEVICES``, worker,
 ``FAKE_HOST``, working directory), and every request to ``requests.jsonl`` (one file per
 server, ``requests-gpu<N>.jsonl``, with ``FAKE_VLLM_LOG_PER_SERVER``). ``FAKE_VLLM_LATENCY``
-and ``FAKE_VLLM_SLOTS`` make it an engine with fixed batch slots and latency.
+and ``FAKE_VLLM_SLOTS`` make it an engine with fixed batch slots and latency;
+``FAKE_VLLM_START_S`` is how long it takes to start (and ``FAKE_VLLM_FAIL_START`` makes it
+fail then).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ parser.add_argument("--port", type=int)
 parser.add_argument("--host", default="127.0.0.1")
 args, rest = parser.parse_known_args()
 record = {
+    "t": time.time(),  # when the process began (FAKE_VLLM_START_S later it serves)
     "pid": os.getpid(),
     "ppid": os.getppid(),
     "worker": os.environ.get("PYTEST_XDIST_WORKER"),
@@ -44,6 +47,10 @@ record = {
 }
 with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
     log.write(json.dumps(record) + "\\n")
+time.sleep(float(os.environ.get("FAKE_VLLM_START_S") or 0))  # an engine's start
+if os.environ.get("FAKE_VLLM_FAIL_START"):
+    print("torch.OutOfMemoryError: CUDA out of memory", file=sys.stderr, flush=True)
+    sys.exit(1)
 crash_after = int(os.environ.get("FAKE_VLLM_CRASH_AFTER") or 0)
 requests_log = os.environ.get("FAKE_VLLM_REQUESTS")
 if requests_log and os.environ.get("FAKE_VLLM_LOG_PER_SERVER"):  # requests-gpu<N>.jsonl

@@ -167,6 +167,47 @@ def test_replicas_join_the_url_set_and_leave_it_when_stopped() -> None:
     assert all(c.released for c in fleet.claims) and fleet.free == {"1", "2", "3"}
 
 
+def test_while_the_own_server_starts_the_plan_decides() -> None:
+    """Before any rate is measured the cost plan's estimate decides: replicas start alongside
+    the worker's own server when the item pays for them, wait in a URL set of their own, and
+    move to the item's when it starts. Once the server serves, nothing starts between items."""
+    fleet = Fleet({"1", "2", "3"})
+    waiting = UrlSet()
+    progress: list[tuple[str, int, int] | None] = [None]
+    estimates = {None: 2.5, "small": 5.0, "big": 100.0}  # seconds of work on one server
+    replicas = ReplicaSet(
+        model="m",
+        urls=waiting,
+        launch=fleet.launch,
+        claim=fleet.claim,
+        progress=lambda: progress[0],
+        start_s=2.0,
+        estimate=estimates.get,
+        primary_ready=False,
+        poll_s=3600,
+    )
+    # 2.5 s of work, all after the 2 s starts: two servers serve 1.25 s each, >= half a start;
+    # three would serve 0.83 s
+    assert replicas.step() == 1
+    estimates[None] = 100.0  # a large item: every free GPU pays
+    assert replicas.step() == 2
+    wait_for(lambda: len(waiting.urls) == 3)
+    item = UrlSet(["http://127.0.0.1:8000/v1"])
+    replicas.primary_started(3.0)
+    replicas.attach(item)
+    assert len(item.urls) == 4 and item.replicas == 3 and replicas.serving == 4
+    progress[0] = None  # between items: no estimate is consulted any more
+    estimates[None] = 10_000.0
+    fleet.free.add("4")
+    assert replicas.step() == 0
+    progress[0] = ("small", 0, 10)  # a small item of the same server, no rate yet
+    assert replicas.step() == 0
+    progress[0] = ("big", 0, 1000)  # a large one: its estimate pays for the free GPU
+    assert replicas.step() == 1
+    replicas.stop()
+    assert fleet.free == {"1", "2", "3", "4"} and item.urls == ("http://127.0.0.1:8000/v1",)
+
+
 def test_between_items_and_near_the_end_no_replica_starts() -> None:
     fleet = Fleet({"1"})
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
@@ -366,6 +407,71 @@ def test_a_worker_with_nothing_left_gives_its_gpu_to_the_largest_item(
     locks = sorted((root / "modelbench-gpu-locks").glob("gpu-*.lock"))
     assert len(locks) == 2
     for path in locks:
+        with open(path) as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds it
+
+
+def test_replicas_start_alongside_the_server_of_a_large_item(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-k big -n 2``: one item, two GPUs. The idle worker gives its GPU back at once and the
+    item's worker starts a replica on it while its own server is still starting (the plan says
+    the item pays for it), so both servers answer from the item's first requests."""
+    root = pytester.path
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.1")
+    monkeypatch.setenv("FAKE_VLLM_SLOTS", "4")
+    monkeypatch.setenv("FAKE_VLLM_START_S", "4")
+    monkeypatch.setenv("FAKE_VLLM_LOG_PER_SERVER", "1")
+    write_project(root, costs={"big": 1000, "small": 200})
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "-k", "big", "-n", "2", "--run-id", "r",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    servers = starts(fake_vllm)
+    assert sorted(s["gpus"] for s in servers) == ["0", "1"], servers
+    assert len({s["worker"] for s in servers}) == 1  # the item's worker started both
+    primary, replica = servers
+    assert replica["t"] < primary["t"] + 4.0  # launched before its own server served
+    logs = {
+        gpu: [r for r in read_log(root / f"requests-gpu{gpu}.jsonl") if "big" in r.key]
+        for gpu in ("0", "1")
+    }
+    assert sum(map(len, logs.values())) == BIG
+    first = min(r.start for log in logs.values() for r in log)
+    on_replica = logs[str(replica["gpus"])]
+    assert len(on_replica) >= BIG // 3, {g: len(v) for g, v in logs.items()}
+    assert min(r.start for r in on_replica) < first + 2.0  # there from the start
+    for server in servers:  # no orphans
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)
+
+
+def test_a_server_that_fails_to_start_takes_its_early_replicas_down_too(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The item's own server fails while a replica starts alongside it: the item fails with the
+    server's own cause, the replica is stopped, and no process or GPU claim is left."""
+    root = pytester.path
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:0")
+    monkeypatch.setenv("FAKE_VLLM_START_S", "3")
+    monkeypatch.setenv("FAKE_VLLM_FAIL_START", "1")
+    write_project(root, costs={"big": 1000, "small": 200})
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "-k", "big", "-n", "2", "--run-id", "r",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*m1: vLLM server for 'm1' on GPU * exited with code 1*", "*CUDA out of memory*"]
+    )
+    servers = starts(fake_vllm)
+    assert sorted(s["gpus"] for s in servers) == ["0", "1"], servers  # the replica was launched
+    for server in servers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)
+    for path in sorted((root / "modelbench-gpu-locks").glob("gpu-*.lock")):
         with open(path) as fd:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds it
 
