@@ -208,7 +208,8 @@ class SimNode:
         self.serve_from = 0.0  # when its own server is ready
         self.updated = 0.0
         self.version = 0  # bumps when its completion moves: older events are stale
-        self.replicas = 0  # replicas this worker started (kept across items of one model)
+        self.replicas: list[int] = []  # the hosts of the replicas serving it (kept across items
+        # of one model)
         self.borrowed: list[SimNode] = []  # idle workers whose servers it uses
         self.lent_to: SimNode | None = None
 
@@ -271,7 +272,7 @@ class SimNode:
             self.work_left = item.cost
             self.serve_from = self.sim.now + (START_S if switch else 0.0)
             self.updated = self.serve_from
-            self.serving = 1 + self.replicas + len(self.borrowed)
+            self.serving = 1 + len(self.replicas) + len(self.borrowed)
             self.sim.reschedule(self)
             # replicas may start with its own server, on the plan's estimate (``early``)
             delay = 0.0 if self.sim.early else self.serve_from - self.sim.now
@@ -286,9 +287,12 @@ class SimNode:
 class Simulation:
     """``replicas``: GPUs that workers give back serve the running items' models, through
     the real decision (``serving.replicas.replicas_that_pay``): a worker with nothing left
-    lends its server to a running item of the same model on its node (no start), else its GPU
-    starts a replica (``START_S``) for the item whose keeper asks first (random order, as the
-    real keepers race for the lock), when it pays. ``per_host`` workers share a node."""
+    lends its server to a running item of the same model (no start), else its GPU starts a
+    replica (``START_S``) for the item whose keeper asks first (random order, as the real
+    keepers race for the lock), when it pays. ``early``: replicas start with the item's own
+    server, on the plan's estimate (else once it serves). ``cross_node``: as the session's
+    exchange does (``serving/exchange.py``), items of the worker's own node come first,
+    then other nodes' (lent servers and replicas alike). ``per_host`` workers share a node."""
 
     def __init__(
         self,
@@ -298,12 +302,14 @@ class Simulation:
         *,
         replicas: bool = False,
         early: bool = True,
+        cross_node: bool = True,
         per_host: int = 8,
         seed: int = 0,
     ) -> None:
         self.items = list(items)
         self.replicas = replicas
         self.early = early
+        self.cross_node = cross_node
         self.free: dict[int, int] = {}  # host -> GPUs given back, unclaimed
         self.rng = random.Random(seed)
         self.replica_starts = 0
@@ -407,6 +413,8 @@ class Simulation:
         """A worker with nothing left: lend its server, else free its GPU."""
         self.release_replicas(node)
         takers = [n for n in self._running(node.host) if n.server == node.server]
+        if self.cross_node and not takers:  # lent to another node's item (exchange)
+            takers = [n for n in self._running_anywhere() if n.server == node.server]
         if node.server is not None and takers:
             taker = self.rng.choice(takers)
             self._update(taker)
@@ -421,9 +429,9 @@ class Simulation:
 
     def release_replicas(self, node: SimNode) -> None:
         """A model switch or the end: replicas stop, lent servers go back."""
-        if node.replicas:
-            self.free[node.host] = self.free.get(node.host, 0) + node.replicas
-            node.replicas = 0
+        hosts, node.replicas = node.replicas, []
+        for host in hosts:
+            self.free[host] = self.free.get(host, 0) + 1
         lenders, node.borrowed = node.borrowed, []
         for lender in lenders:
             lender.lent_to = None
@@ -433,15 +441,28 @@ class Simulation:
         self.post(0.0, "check", node, node.host)
 
     def grow(self, host: int) -> None:
-        """Every running item on ``host`` asks for the free GPUs it pays to use (random
-        order: the real keepers race)."""
+        """Running items ask for the free GPUs they pay to use (random order: the real keepers
+        race): first the items of ``host``, then, across nodes (``serving/exchange.py``),
+        other nodes' items for the GPUs free here, and this node's items for GPUs free on
+        other nodes."""
+        self._grow_on(host, self._running(host))
+        if not self.cross_node:
+            return
+        self._grow_on(host, [n for n in self._running_anywhere() if n.host != host])
+        for other in sorted(self.free):
+            if other != host and self.free[other] > 0:
+                self._grow_on(other, self._running(host))
+
+    def _running_anywhere(self) -> list[SimNode]:
+        return [n for h in sorted({n.host for n in self.nodes}) for n in self._running(h)]
+
+    def _grow_on(self, gpu_host: int, keepers: list[SimNode]) -> None:
         # lazily: the simulation without replicas does not need the serving package
         from pytest_modelbench.serving.replicas import replicas_that_pay
 
-        running = self._running(host)
-        self.rng.shuffle(running)
-        for node in running:
-            if self.free.get(host, 0) <= 0:
+        self.rng.shuffle(keepers)
+        for node in keepers:
+            if self.free.get(gpu_host, 0) <= 0:
                 return
             starting = self.now < node.serve_from  # its own server is still starting
             if starting and not self.early:
@@ -456,23 +477,23 @@ class Simulation:
                 serving=node.serving - starting,
                 starting=node.starting + starting,
                 start_s=START_S,
-                free=self.free[host],
+                free=self.free[gpu_host],
             )
             if wanted:
-                self.free[host] -= wanted
+                self.free[gpu_host] -= wanted
                 node.starting += wanted
                 self.replica_starts += wanted
                 for _ in range(wanted):
-                    self.post(START_S, "replica", node, (node.running, node.server))
+                    self.post(START_S, "replica", node, (node.running, node.server, gpu_host))
 
-    def replica_ready(self, node: SimNode, payload: tuple[int | None, str | None]) -> None:
-        index, model = payload
+    def replica_ready(self, node: SimNode, payload: tuple[int | None, str | None, int]) -> None:
+        index, model, gpu_host = payload
         if node.starting <= 0 or node.server != model:  # released while starting
-            self.free[node.host] = self.free.get(node.host, 0) + 1
-            self.grow(node.host)
+            self.free[gpu_host] = self.free.get(gpu_host, 0) + 1
+            self.grow(gpu_host)
             return
         node.starting -= 1
-        node.replicas += 1
+        node.replicas.append(gpu_host)
         if node.running is not None and (
             node.running == index or self.items[node.running].model == model
         ):
@@ -497,18 +518,25 @@ SCHEDULERS: dict[str, Callable[[Sequence[SimItem]], Maker]] = {
 
 
 REPLICAS = "modelbench + replicas"  # modelbench's scheduler with replicas on given-back GPUs
-LATE = "modelbench + replicas after a measured rate"  # the previous round's replicas
-VARIANTS = (*SCHEDULERS, LATE, REPLICAS)
+LATE = "modelbench + node-local replicas after a measured rate"  # the previous round's
+LOCAL = "modelbench + node-local replicas"  # without the exchange (one node's GPUs only)
+VARIANTS = (*SCHEDULERS, LATE, LOCAL, REPLICAS)
 
 
 def simulate(
     scenario: Scenario, scheduler: str, workers: int | None = None, seed: int = 0
 ) -> Outcome:
     workers = workers or scenario.workers
-    replicas = scheduler in (REPLICAS, LATE)
+    replicas = scheduler in (REPLICAS, LATE, LOCAL)
     make = SCHEDULERS["modelbench" if replicas else scheduler](scenario.items)
     sim = Simulation(
-        scenario.items, make, workers, replicas=replicas, early=scheduler != LATE, seed=seed
+        scenario.items,
+        make,
+        workers,
+        replicas=replicas,
+        early=scheduler != LATE,
+        cross_node=scheduler == REPLICAS,
+        seed=seed,
     )
     makespan = sim.run()
     return Outcome(

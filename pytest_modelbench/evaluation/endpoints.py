@@ -112,6 +112,7 @@ class EndpointManager:
             base_urls=(base_url,),
             served_model=served,
             api=spec.api,
+            api_key=getattr(self.serving, "server_key", None),  # servers of other nodes want it
             backoff_s=spec.retry_backoff,
             preflight_timeout_s=max(self.preflight_timeout_s, 60.0),
             checked=self._checked,

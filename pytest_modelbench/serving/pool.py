@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
+    from pytest_modelbench.serving.exchange import ExchangeClient
     from pytest_modelbench.serving.handover import Wanted
     from pytest_modelbench.serving.replicas import Claim, Progress, ReplicaSet, Server
 
 MAX_RESTARTS = 1
+REMOTE_POLL_S = 1.0  # a worker serving another node's item reports this often
 
 
 def default_cache_dir() -> Path:
@@ -64,6 +66,17 @@ class _Launch:
     gpus: int
     timeout_s: float
 
+    def fields(self) -> dict[str, Any]:
+        """What another node needs to start the same server."""
+        return {
+            "model_name": self.model_name,
+            "model_path": self.model_path,
+            "served": self.served,
+            "args": self.args,
+            "gpus": self.gpus,
+            "timeout_s": self.timeout_s,
+        }
+
     @property
     def key(self) -> str:
         """Equal for servers that answer alike (weights, name, engine args, GPUs)."""
@@ -87,12 +100,15 @@ class ServerPool:
         session: str | None = None,
         progress: Callable[[], Progress | None] | None = None,
         estimate: Callable[[PlannedItem], float | None] | None = None,
+        exchange: ExchangeClient | None = None,
     ) -> None:
         """``session``: the pytest session's id (xdist's ``testrunuid``); with ``progress``
         (the running item's id, done and total) this worker may start replicas on GPUs other
         workers of the session gave back, and lend its server. Without them it never does.
         ``estimate``: an item's work in seconds on one server (the session's cost plan), so
-        that replicas start alongside this worker's own server when the item pays for them."""
+        that replicas start alongside this worker's own server when the item pays for them.
+        ``exchange``: the session's exchange when it spans several nodes: servers of other
+        nodes join this worker's items, and this worker serves theirs at its end."""
         self.run_dir = run_dir
         self.gpus_option = gpus_option
         self.cache_dir = cache_dir or default_cache_dir()
@@ -100,6 +116,10 @@ class ServerPool:
         self.session = session
         self._progress = progress
         self._estimate = estimate
+        self.exchange = exchange
+        self._remote_ready: list[Server] = []  # servers other nodes started for this worker
+        self._remote_dead: dict[str, str] = {}  # their lease -> why it ended
+        self._exchange_reported = False
         self._claim: Any = None
         self._cpu_warned = False
         self._server: Any = None
@@ -227,7 +247,15 @@ class ServerPool:
         gpus = self._gpus(max(1, n_gpus), item.model_name)
         log_path = self.run_dir / "servers" / f"{self.worker}-{safe_component(item.model_name)}.log"
         try:
-            server = VllmServer(model_path, served, args, gpus or None, log_path, self.cache_dir)
+            server = VllmServer(
+                model_path,
+                served,
+                args,
+                gpus or None,
+                log_path,
+                self.cache_dir,
+                **self._listen(),
+            )
         except ValueError as exc:  # reserved flag in serve.args
             raise ModelbenchUsageError(f"models.{item.model_name}.serve.args: {exc}") from None
         timeout_s = serve.startup_timeout if serve is not None else 900.0
@@ -284,12 +312,64 @@ class ServerPool:
             claim=self._claim_replica,
             progress=self._served_progress,
             start_s=self._start_s if urls is not None else START_GUESS_S,
-            borrow=lambda: take(session, key, lock_dir),
+            borrow=lambda: take(session, key, lock_dir) or self._take_remote(),
             give_back=lambda found: found.give_back(session),  # type: ignore[attr-defined]
             estimate=self._estimate_of,
             primary_ready=urls is not None,
+            want_more=self._want_remote,
         )
         self._replicas.start()
+
+    def _listen(self) -> dict[str, Any]:
+        """Where this worker's servers listen: with an exchange, on this node's network with
+        the session's key, so that it can lend them to another node's item at its end."""
+        if self.exchange is None:
+            return {}
+        host = "127.0.0.1" if self.exchange.loopback else "0.0.0.0"  # keyed
+        return {"host": host, "api_key": self.exchange.server_key}
+
+    @property
+    def server_key(self) -> str | None:
+        """The key servers of other nodes require (None without an exchange)."""
+        return self.exchange.server_key if self.exchange is not None else None
+
+    @property
+    def node(self) -> str:
+        """This node, as the exchange tells nodes apart (host name and GPU claim directory)."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        import socket
+
+        from pytest_modelbench.serving.gpus import default_lock_dir
+
+        return f"{socket.gethostname()}:{default_lock_dir()}"
+
+    def _want_remote(self, more: int, lend: bool) -> int:
+        """Tell the exchange how many more servers of the current launch would pay (0: none)
+        and whether live ones are welcome (``lend``: the item has work left); collect the
+        servers other nodes made ready and the deaths. Returns how many other nodes are
+        starting one for this worker."""
+        client, launch = self.exchange, self._launch
+        if client is None or launch is None:
+            return 0
+        answer = client.call(
+            "want",
+            keeper=self.worker,
+            node=self.node,
+            key=launch.key,
+            launch=launch.fields(),
+            open=more,
+            lend=lend,
+        )
+        if answer is None:
+            return 0
+        for dead in answer.get("dead", ()):
+            self._remote_dead[str(dead["id"])] = str(dead["note"])
+        for ready in answer.get("ready", ()):
+            self._remote_ready.append(_RemoteServer(str(ready["id"]), str(ready["url"]), self))
+        return int(answer.get("starting", 0))
+
+    def _take_remote(self) -> Server | None:
+        return self._remote_ready.pop(0) if self._remote_ready else None
 
     def _estimate_for(self, item: PlannedItem) -> float | None:
         assert self._estimate is not None
@@ -381,6 +461,16 @@ class ServerPool:
         if self._replicas is not None:
             for note in self._replicas.drain_notes():
                 warnings.warn(ReplicaWarning(note), stacklevel=2)
+        failure = self.exchange.failure if self.exchange is not None else None
+        if failure is not None and not self._exchange_reported:
+            self._exchange_reported = True
+            warnings.warn(
+                ReplicaWarning(
+                    f"replicas across nodes are off: {failure}; set MODELBENCH_EXCHANGE_HOST "
+                    "(//env: in the --tx spec) to an address of the controller this node reaches"
+                ),
+                stacklevel=2,
+            )
 
     def death_report(self) -> str | None:
         """None while this worker's server runs (or none was started); once it has died, one
@@ -448,11 +538,104 @@ class ServerPool:
         with contextlib.suppress(OSError):
             offer.lend(alive=server.is_alive)
 
+    def _serve_other_nodes(self) -> None:
+        """Nothing left to run here: while an item on another node wants servers of a launch
+        that fits this worker's GPUs (and none on this node does), serve it on them."""
+        client, claim = self.exchange, self._claim
+        if client is None or claim is None or claim.cpu or not claim.gpus:
+            return
+        gpus = tuple(claim.gpus)
+        while True:
+            live = self._live()
+            job = client.call(
+                "serve", helper=self.worker, node=self.node, gpus=len(gpus), live=live
+            )
+            if job is None or job.get("local"):
+                return  # nobody will want it, or a keeper of this node does (GPUs go back)
+            if "id" not in job:
+                if not job.get("wait"):
+                    return
+                time.sleep(REMOTE_POLL_S)
+                continue
+            if job.get("lent"):  # this worker's own server, as it is
+                served = self._lend_lease(client, str(job["id"]))
+                self.stop()
+                if not served:
+                    return
+                continue
+            self.stop()  # its own server holds another launch
+            if not self._serve_lease(client, str(job["id"]), dict(job["launch"]), gpus):
+                return
+
+    def _live(self) -> tuple[str, int] | None:
+        """(launch key, port) of this worker's own server while it runs."""
+        server, launch = self._server, self._launch
+        if server is None or launch is None or not server.is_alive():
+            return None
+        port = getattr(getattr(server, "process", None), "port", None)
+        return (launch.key, int(port)) if port is not None else None
+
+    def _lend_lease(self, client: ExchangeClient, lease: str) -> bool:
+        """Serve another node's item with this worker's own server until it is released;
+        False when the server died meanwhile."""
+        return self._hold_lease(client, lease, self._server)
+
+    def _serve_lease(
+        self, client: ExchangeClient, lease: str, launch: dict[str, Any], gpus: tuple[str, ...]
+    ) -> bool:
+        """Start ``launch`` on ``gpus`` for another node's item and serve until released;
+        False when it did not start or died (this worker then stops serving others)."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.vllm import VllmServer
+
+        name = safe_component(str(launch["model_name"]))
+        try:
+            server = VllmServer(
+                str(launch["model_path"]),
+                str(launch["served"]),
+                dict(launch["args"]),
+                gpus,
+                self.run_dir / "servers" / f"{self.worker}-{name}-for-another-node.log",
+                self.cache_dir,
+                **self._listen(),
+            )
+        except ValueError as exc:
+            client.call("offer", id=lease, note=f"{self.worker} on {self.node}: {exc}")
+            return False
+        try:
+            try:
+                server.start(float(launch["timeout_s"]))
+            except Exception as exc:
+                client.call("offer", id=lease, note=f"did not start on {self.node}: {exc}")
+                return False
+            client.call("offer", id=lease, port=server.process.port)
+            return self._hold_lease(client, lease, server)
+        finally:
+            server.stop()
+
+    def _hold_lease(self, client: ExchangeClient, lease: str, server: Any) -> bool:
+        """Report every ``REMOTE_POLL_S`` while the lease holds; True once released, False
+        (reported) when ``server`` died."""
+        while True:
+            time.sleep(REMOTE_POLL_S)
+            if not server.is_alive():
+                why = server.death_report() or "its process exited"
+                client.call("offer", id=lease, note=f"on {self.node}: {why}")
+                return False
+            answer = client.call("lease", id=lease)
+            if answer is None or not answer.get("serve"):
+                return True
+
     def _stop_replicas(self) -> None:
         if self._replicas is not None:
             self._replicas.stop()  # its thread no longer says "wanted" after this
             self.report_replicas()
             self._replicas = None
+            if self.exchange is not None:  # servers of other nodes: no longer wanted
+                self.exchange.call("release", keeper=self.worker, id=None)
+                for server in self._remote_ready:
+                    server.stop()
+                self._remote_ready.clear()
         self._want(False)
 
     def stop(self) -> None:
@@ -470,6 +653,7 @@ class ServerPool:
             self._stop_replicas()
             if lend:
                 self._lend()
+                self._serve_other_nodes()
         finally:
             self.stop()
             if self._claim is not None:
@@ -478,3 +662,22 @@ class ServerPool:
                 else:
                     self._claim.release()
                 self._claim = None
+
+
+class _RemoteServer:
+    """A server another node started for this worker (``serving/exchange.py``)."""
+
+    def __init__(self, lease: str, base_url: str, pool: ServerPool) -> None:
+        self.lease = lease
+        self.base_url = base_url
+        self._pool = pool
+
+    def is_alive(self) -> bool:
+        return self.lease not in self._pool._remote_dead
+
+    def stop(self) -> None:
+        if self._pool.exchange is not None:
+            self._pool.exchange.call("release", keeper=self._pool.worker, id=self.lease)
+
+    def death_report(self) -> str | None:
+        return self._pool._remote_dead.get(self.lease)

@@ -61,10 +61,13 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
+def http_get(
+    url: str, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes] | None:
     """``(status, body)`` of a GET, or None when nothing answers."""
     try:
-        with _OPENER.open(url, timeout=timeout_s) as resp:
+        request = urllib.request.Request(url, headers=dict(headers or {}))
+        with _OPENER.open(request, timeout=timeout_s) as resp:
             return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), b""
@@ -245,7 +248,8 @@ class ServerProcess:
     def root_url(self) -> str:
         if self.port is None:
             raise RuntimeError(f"{self.label} has not been started")
-        return f"http://{self.host}:{self.port}"
+        here = "127.0.0.1" if self.host == "0.0.0.0" else self.host  # listens everywhere
+        return f"http://{here}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -405,6 +409,8 @@ class ServerProcess:
 
 
 def _shown_env(name: str) -> bool:
+    if any(word in name for word in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
+        return False  # VLLM_API_KEY, HF_TOKEN: never in a log or a message
     return name.startswith(("CUDA_", "VLLM_", "HF_", "TRANSFORMERS_", "OMP_"))
 
 

@@ -36,6 +36,7 @@ START_GUESS_S = 60.0  # a server start, until this worker has timed its own
 RATE_WINDOW_S = 20.0  # the item's recent rate is measured over this long ...
 MIN_RATE_SPAN_S = 1.0  # ... and over at least this long before anything is decided
 MIN_SERVE_FRACTION = 0.5  # a replica must serve at least this share of its own start time
+MAX_REPLICAS = 256  # servers one item asks for at most
 
 
 class Server(Protocol):
@@ -154,6 +155,11 @@ class ReplicaSet:
     ``progress()`` is the running item's ``(done, total)``, None between items;
     ``borrow()`` a live server of the same model that another worker lends, or None.
 
+    ``want_more(n, lend)`` says that ``n`` more servers would pay than this node's free GPUs
+    give (every step, 0 included) and whether live ones are welcome (the item has work left),
+    and returns how many other nodes are starting one for it (``serving/exchange.py``);
+    their servers arrive through ``borrow()``.
+
     ``estimate(item_id)`` is an item's work in seconds on one server, from the session's cost
     plan (None when unknown; ``item_id`` None: the item the worker's own server is starting
     for). It decides while no rate is measured yet:
@@ -175,12 +181,17 @@ class ReplicaSet:
         give_back: Callable[[Claim], None] = lambda claim: claim.release(),
         estimate: Callable[[str | None], float | None] = lambda _item: None,
         primary_ready: bool = True,
+        want_more: Callable[[int, bool], int] = lambda _n, _lend: 0,
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
         self._estimate = estimate
         self._primary_ready = primary_ready
+        self._want_more = want_more
+        self._remote_open = 0  # servers that would pay beyond this node's free GPUs
+        self._remote_lend = False  # live servers of other nodes are welcome (work is left)
+        self._remote_starting = 0  # servers other nodes are starting for this one
         self._borrow = borrow
         self._give_back = give_back
         self.urls = urls
@@ -265,19 +276,31 @@ class ReplicaSet:
 
     def step(self) -> int:
         """One look: adopt lent servers, start the replicas that pay; returns how many
-        replicas were launched."""
+        replicas were launched here."""
+        self._remote_open, self._remote_lend = 0, False
+        try:
+            return self._step()
+        finally:
+            self._remote_starting = self._want_more(self._remote_open, self._remote_lend)
+
+    def _step(self) -> int:
         progress = self._progress()
         if progress is None:
             self._meter.reset()
             if self._primary_ready:  # between items
                 return 0
             work_s = self._estimate(None)  # the worker's own server is starting for an item
-            return 0 if work_s is None else self._grow(work_s, serving=0)
+            if work_s is None:
+                return 0
+            self._remote_lend = True
+            self._adopt()
+            return self._grow(work_s, serving=0)
         item, done, total = progress
         if item != self._item:  # another item: its own rate
             self._item = item
             self._meter.reset()
         if done < total:
+            self._remote_lend = True
             self._adopt()
         if self._failed:
             return 0
@@ -303,24 +326,22 @@ class ReplicaSet:
             starting = sum(not r.ready for r in self._replicas)
         if not self._primary_ready:
             starting += 1  # the worker's own server joins when the starts do
+        wanted = replicas_that_pay(
+            remaining=math.ceil(work_s * 1000),
+            rate_per_server=1000.0,
+            serving=serving,
+            starting=starting + self._remote_starting,
+            start_s=self.start_s,
+            free=MAX_REPLICAS,
+        )
         launched = 0
-        while not self._stop.is_set() and not self._failed:
-            wanted = replicas_that_pay(
-                remaining=math.ceil(work_s * 1000),
-                rate_per_server=1000.0,
-                serving=serving,
-                starting=starting + launched,
-                start_s=self.start_s,
-                free=1,
-            )
-            if not wanted:
-                break
+        while launched < wanted and not self._stop.is_set() and not self._failed:
             claim = self._claim()
-            if claim is None:
-                break
-            if not self._begin(claim):
+            if claim is None or not self._begin(claim):
                 break
             launched += 1
+        if not self._stop.is_set() and not self._failed:
+            self._remote_open = wanted - launched
         return launched
 
     def _adopt(self) -> None:

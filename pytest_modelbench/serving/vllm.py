@@ -202,13 +202,21 @@ class VllmServer:
         env: Mapping[str, str] | None = None,
         stop_grace_s: float = 15.0,
         check_installed: bool = True,
+        host: str = "127.0.0.1",
+        api_key: str | None = None,
     ) -> None:
+        """``host``: where it listens (loopback, unless it serves another node's item, see
+        ``serving/exchange.py``); ``api_key``: requests must carry it (``VLLM_API_KEY``, so
+        it is in no command line)."""
         self.model = str(model)
         self._served_name = served_name
         self.gpus = tuple(gpus or ())
         self.python = python
         self.cache_dir = Path(cache_dir)
-        self.host = "127.0.0.1"
+        self.host = host
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if api_key:
+            env = {**(env or {}), "VLLM_API_KEY": api_key}
         given = {_arg_name(str(k)) for k in args}
         defaults = (
             {} if self.gpus else {k: v for k, v in CPU_DEFAULT_ARGS.items() if k not in given}
@@ -331,7 +339,7 @@ class VllmServer:
         health = http_get(f"{root_url}/health")
         if health is None or health[0] != 200:
             return False
-        models = http_get(f"{root_url}/v1/models")  # is it *our* server on that port?
+        models = http_get(f"{root_url}/v1/models", headers=self._auth)  # *our* server there?
         if models is None or models[0] != 200:
             return False
         try:

@@ -57,6 +57,7 @@ class ModelbenchSession:
         self._evaluator: Any = None
         self._server_pool: Any = None  # serving.ServerPool, made by the first that needs it
         self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
+        self._exchange: Any = None  # controller: serving.exchange.Exchange (False: none)
         self._book: Any = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
@@ -266,9 +267,47 @@ class ModelbenchSession:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist controller → worker: every worker writes the same run directory."""
+        """xdist controller → worker: every worker writes the same run directory; with
+        several nodes, every worker gets the session's exchange (replicas across nodes)."""
         if self.active:
             node.workerinput[WORKER_RUN_DIR] = str(self.run_dir)
+            exchange = self._node_exchange()
+            if exchange is not None:
+                # lazily: loaded only when this runs, not at every pytest start-up
+                from pytest_modelbench.serving.exchange import WORKERINPUT_KEY
+
+                node.workerinput[WORKERINPUT_KEY] = exchange.workerinput()
+                exchange.book.worker_up(node.gateway.id)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any) -> None:
+        """A worker exited: helpers stop waiting for it (replicas across nodes)."""
+        if self._exchange:
+            self._exchange.book.worker_down(node.gateway.id)
+
+    def _node_exchange(self) -> Any:
+        """The exchange of a session whose ``--tx`` groups span several nodes (started once),
+        else None."""
+        if self._exchange is None:
+            self._exchange = False
+            if os.environ.get(NO_REPLICAS_ENV):
+                return None
+            # lazily: loaded only when this runs, not at every pytest start-up
+            from pytest_modelbench.serving.exchange import Exchange, tx_nodes
+
+            nodes, networked = tx_nodes(self.config.getvalue("tx") or [])
+            if len(nodes) < 2:
+                return None
+            exchange = Exchange("0.0.0.0" if networked else "127.0.0.1")
+            try:
+                exchange.start()
+            except OSError as exc:
+                reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:
+                    reporter.write_line(f"modelbench: replicas across nodes are off: {exc}")
+                return None
+            self._exchange = exchange
+        return self._exchange or None
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "mb_item" not in metafunc.fixturenames:
@@ -334,6 +373,7 @@ class ModelbenchSession:
         if self._server_pool is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.running.progress import PROGRESS_SINK, RecordingProgress
+            from pytest_modelbench.serving.exchange import client_from
             from pytest_modelbench.serving.pool import ServerPool
             from pytest_modelbench.serving.replicas import item_progress
 
@@ -350,6 +390,7 @@ class ModelbenchSession:
                 session=workerinput.get("testrunuid") if workerinput else None,
                 progress=item_progress(self.config.stash.get(PROGRESS_SINK, None)),
                 estimate=self._item_seconds,
+                exchange=client_from(workerinput, os.environ),
             )
         return self._server_pool
 
@@ -601,7 +642,9 @@ class ModelbenchSession:
         if self._evaluator is not None:  # stop this process's servers, release its GPUs
             self._evaluator.endpoints.close(interrupted=interrupted)
         elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
-            self._server_pool.close(lend=False)
+            self._server_pool.close(lend=not interrupted)  # (or serve another node's item)
+        if self._exchange:
+            self._exchange.close()
         if is_worker(self.config) or not self.records:
             return
         if self.options.update_baselines:

@@ -27,6 +27,9 @@ class SimConfig:
     (scaled by the request's ``reasoning_effort``: low 0.5, medium 1, high 2) before the
     answer, counted in ``max_tokens``, sent in ``reasoning_field`` (``reasoning_content``,
     ``reasoning``, or ``think`` for a ``<think>`` block in the text).
+
+    ``api_key``: like vLLM's ``--api-key``, every ``/v1`` request must carry
+    ``Authorization: Bearer <api_key>`` (else 401).
     """
 
     models: tuple[str, ...] = ("sim-model",)
@@ -44,6 +47,7 @@ class SimConfig:
     max_model_len: int = 4096
     reasoning_words: int = 0
     reasoning_field: str = "reasoning_content"
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         coerce = {

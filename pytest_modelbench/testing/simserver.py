@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import itertools
 import json
 import signal
@@ -291,6 +292,13 @@ class SimServer:
         request costs two coroutine frames, not a router and a middleware chain.
         """
         path = request.path
+        key = self._config.api_key
+        if (
+            key is not None
+            and path.startswith("/v1")
+            and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {key}")
+        ):
+            return wire.json_response(wire.error_body("Unauthorized", wire.INVALID, 401), 401)
         route = _ROUTES.get((request.method, path))
         if route is None:
             if request.method == "GET" and path.startswith("/v1/models/"):

@@ -92,21 +92,19 @@ def test_fleet_bound_of_the_shipped_plan(sim: Any) -> None:
 
 
 def test_replicas_bring_the_shipped_plan_to_the_fleet_bound(sim: Any) -> None:
-    """With replicas, workers that finish lend their gpt-oss-20b servers to mmlu (no start)
-    and GPUs given back start replicas, so the 8-GPU node ends within 1.15x of the fleet
-    bound, whether it runs the whole plan or only mmlu. Across nodes replicas do not reach
-    (node-local GPUs only): 3 models on 64 GPUs gain, but stay above the goal."""
-    shipped, one, fleet = sim.fleet_scenarios()
-    assert len(one.items) == 2  # -k mmlu: mmlu and mmlu-medical
-    for scenario in (shipped, one):
+    """With replicas, workers that finish lend their servers (no start) and GPUs given back
+    start replicas: every fleet scenario ends within 1.15x of the fleet bound, for every
+    order in which keepers race for a GPU. 3 models on 64 GPUs need the exchange across
+    nodes: node-local replicas cannot bring qwen3-32b's mmlu (14 GPUs' work) under it."""
+    for scenario in sim.fleet_scenarios():
         for seed in (0, 1, 2):  # the order in which keepers race for a GPU
             ours = sim.simulate(scenario, sim.REPLICAS, seed=seed)
             assert ours.ratio <= 1.15, ours
             assert ours.makespan >= ours.bound * (1 - 1e-9)  # never below it
+    *_, fleet = sim.fleet_scenarios()
     alone = sim.simulate(fleet, "modelbench")
-    spread = sim.simulate(fleet, sim.REPLICAS)
-    assert spread.makespan < 0.6 * alone.makespan
-    assert spread.makespan >= spread.bound
+    local = sim.simulate(fleet, sim.LOCAL)
+    assert local.ratio > 1.5 and local.makespan < 0.6 * alone.makespan
 
 
 def test_replicas_start_alongside_the_server_of_a_large_item(sim: Any) -> None:
@@ -114,7 +112,7 @@ def test_replicas_start_alongside_the_server_of_a_large_item(sim: Any) -> None:
     the plan's estimate); waiting for a measured rate first costs most of a start more."""
     _shipped, one, _fleet = sim.fleet_scenarios()
     late = sim.simulate(one, sim.LATE)
-    early = sim.simulate(one, sim.REPLICAS)
+    early = sim.simulate(one, sim.LOCAL)
     assert early.makespan == pytest.approx(one.bound(8), rel=0.01)
     assert late.makespan > early.makespan + 0.8 * sim.START_S
     assert early.starts == 8

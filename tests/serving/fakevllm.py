@@ -43,6 +43,8 @@ record = {
     "model": args.served_model_name,
     "path": args.model,
     "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "bind": args.host,
+    "keyed": bool(os.environ.get("VLLM_API_KEY")),
     "flags": rest,
 }
 with open(os.environ["FAKE_VLLM_LOG"], "a") as log:
@@ -64,6 +66,7 @@ config = SimConfig(
     port=args.port,
     host=args.host,
     log_path=requests_log,
+    api_key=os.environ.get("VLLM_API_KEY") or None,  # as vLLM: /v1 needs the bearer
 )
 with SimServer(config) as server:
     while True:  # FAKE_VLLM_CRASH_AFTER=N: the engine dies after N answers, as vLLM's does

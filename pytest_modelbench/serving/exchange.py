@@ -1,0 +1,449 @@
+"""Replicas across nodes: the session's exchange, served by the xdist controller.
+
+Node-local replicas (``replicas.py``, ``handover.py``) use the GPUs and servers of the
+keeper's own node. With several ``--tx`` groups (nodes) the controller also runs this
+exchange, and a worker with nothing left to run on one node can serve the model of an item
+still running on another:
+
+* the **keeper** (the worker running an item of a served model) says, at every replica step,
+  how many more servers of its launch would pay beyond what its own node gives (``want``);
+  the answer carries the servers that became ready for it, and those that died;
+* a **helper** (a worker at its end, its GPUs still claimed) asks for work (``serve``): one
+  unit of a want from another node whose launch fits its GPUs. It asks again every second
+  while a keeper runs or a worker that may become one has not ended (the controller tells
+  the exchange which workers it set up and which went down), and gives its GPUs back at once
+  when a keeper of its own node wants servers. It starts that launch on its
+  own GPUs, listening on its node's network and requiring the session's server key, and
+  offers it (``offer``); the exchange records the URL with the address the helper called
+  from. The helper then reports every second (``lease``) until the keeper releases it;
+* a helper whose own server already holds a running item's launch **lends** it as it is (no
+  start): in a session with an exchange, workers' servers listen on their node's network and
+  require the session's server key from the start;
+* the keeper adopts the server like a lent one and **releases** it when its model is done.
+
+A keeper that stops calling for ``SILENT_S`` is taken as gone: its leases are released. A
+helper that stops calling is taken as dead, and so is its server. Every call carries the
+session's token (a bearer header); the controller listens on loopback unless a node is
+reached over the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import random
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_modelbench.secrets import remember
+
+SILENT_S = 30.0  # a party that has not called for this long is gone
+CALL_TIMEOUT_S = 5.0
+WORKERINPUT_KEY = "modelbench_exchange"
+HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
+
+__all__ = [
+    "WORKERINPUT_KEY",
+    "Exchange",
+    "ExchangeBook",
+    "ExchangeClient",
+    "Job",
+    "client_from",
+    "tx_nodes",
+]
+
+
+def tx_nodes(specs: Sequence[str]) -> tuple[set[str], bool]:
+    """The nodes of xdist ``--tx`` specs (one per group: ``4*popen//env:A=1`` is the node
+    ``popen//env:A=1``) and whether any is reached over the network (ssh, a socket, or
+    ``serving.remote``), so that the exchange must listen beyond loopback."""
+    nodes: set[str] = set()
+    networked = False
+    for spec in specs:
+        count, star, rest = str(spec).partition("*")
+        group = rest if star and count.isdigit() else str(spec)
+        parts = [p for p in group.split("//") if not p.startswith("id=")]
+        nodes.add("//".join(parts))
+        networked = networked or any(
+            p.startswith(("ssh=", "socket=", "vagrant_ssh=")) or "serving.remote" in p
+            for p in parts
+        )
+    return nodes, networked
+
+
+def client_from(
+    workerinput: Mapping[str, Any] | None, environ: Mapping[str, str]
+) -> ExchangeClient | None:
+    """A worker's client for the exchange its controller runs, or None. The controller's
+    address: ``$MODELBENCH_EXCHANGE_HOST``, else where this node's ssh session came from
+    (``$SSH_CONNECTION``), else what the controller sent."""
+    given = (workerinput or {}).get(WORKERINPUT_KEY)
+    if not isinstance(given, Mapping):
+        return None
+    remember(str(given["server_key"]))  # redacted wherever a server echoes it
+    ssh = environ.get("SSH_CONNECTION", "").split()
+    host = environ.get(HOST_ENV) or (ssh[0] if ssh else "") or str(given.get("host") or "")
+    return ExchangeClient(
+        host or "127.0.0.1", int(given["port"]), str(given["token"]), str(given["server_key"])
+    )
+
+
+@dataclass
+class _Want:
+    keeper: str
+    node: str
+    key: str
+    launch: dict[str, Any]
+    open: int
+    seen: float
+    lend: bool = False  # its item has work left: a live server of ``key`` always helps
+
+
+@dataclass
+class _Lease:
+    id: str
+    keeper: str
+    key: str
+    helper: str
+    node: str
+    state: str = "starting"  # starting | ready | taken | released | dead
+    url: str | None = None
+    note: str | None = None
+    helper_seen: float = 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A unit of work a helper took: start ``launch`` for lease ``id`` (``lent``: its live
+    server already serves it)."""
+
+    id: str
+    key: str
+    launch: dict[str, Any]
+    lent: bool = False
+
+
+@dataclass
+class ExchangeBook:
+    """The exchange's state and rules, without the transport (``now`` is given)."""
+
+    silent_s: float = SILENT_S
+    wants: dict[str, _Want] = field(default_factory=dict)  # keeper -> its want
+    leases: dict[str, _Lease] = field(default_factory=dict)
+    workers: set[str] = field(default_factory=set)  # every worker the controller set up
+    down: set[str] = field(default_factory=set)  # those that exited
+    helpers: set[str] = field(default_factory=set)  # those at their end, asking for work
+    rng: random.Random = field(default_factory=random.Random, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def worker_up(self, worker: str) -> None:
+        with self._lock:
+            self.workers.add(worker)
+            self.down.discard(worker)  # xdist restarted it
+            self.helpers.discard(worker)
+
+    def worker_down(self, worker: str) -> None:
+        with self._lock:
+            self.down.add(worker)
+
+    def want(
+        self,
+        keeper: str,
+        node: str,
+        key: str,
+        launch: dict[str, Any],
+        open_: int,
+        now: float,
+        lend: bool = False,
+    ) -> dict[str, Any]:
+        """The keeper's call: ``open_`` more servers of ``key`` would pay now (``lend``: live
+        ones are welcome). Returns the leases starting for it, those ready (now taken by it)
+        and those that died since."""
+        with self._lock:
+            self._expire(now)
+            self.wants[keeper] = _Want(keeper, node, key, launch, max(0, open_), now, lend)
+            starting = 0
+            ready: list[dict[str, str]] = []
+            dead: list[dict[str, str]] = []
+            for lease in list(self.leases.values()):
+                if lease.keeper != keeper:
+                    continue
+                if lease.key != key:  # the keeper switched model: older leases are done
+                    lease.state = "released"
+                elif lease.state == "starting":
+                    starting += 1
+                elif lease.state == "ready":
+                    lease.state = "taken"
+                    ready.append({"id": lease.id, "url": lease.url or ""})
+                elif lease.state == "dead" and lease.note is not None:
+                    dead.append({"id": lease.id, "note": lease.note})
+                    lease.note = None  # told once
+            self._forget(now)
+            return {"starting": starting, "ready": ready, "dead": dead}
+
+    def release(self, keeper: str, lease_id: str | None) -> None:
+        """The keeper lets one lease (or, with None, every lease and its want) go."""
+        with self._lock:
+            if lease_id is None:
+                self.wants.pop(keeper, None)
+            for lease in self.leases.values():
+                mine = lease.keeper == keeper and lease_id in (None, lease.id)
+                if mine and lease.state != "dead":
+                    lease.state = "released"
+
+    def serve(
+        self,
+        helper: str,
+        node: str,
+        gpus: int,
+        now: float,
+        live: tuple[str, str] | None = None,
+    ) -> Job | str | None:
+        """A helper on ``node`` with ``gpus`` GPUs asks for work: a :class:`Job`; ``"local"``
+        when a keeper of its own node wants servers (it gives its GPUs back there instead);
+        ``"wait"`` while items may still want some (a keeper runs, or a worker that is
+        neither down nor helping); None when none will. ``live``: the (key, URL) of its
+        server, lent as it is to a keeper of another node that runs that launch."""
+        with self._lock:
+            self._expire(now)
+            self.helpers.add(helper)
+            if live is not None:
+                key, url = live
+                takers = [w for w in self.wants.values() if w.lend and w.key == key]
+                takers = [w for w in takers if w.node != node]  # this node's: handover.py
+                if takers:
+                    want = self.rng.choice(takers)
+                    lease = _Lease(secrets.token_hex(8), want.keeper, key, helper, node)
+                    lease.state, lease.url, lease.helper_seen = "ready", url, now
+                    self.leases[lease.id] = lease
+                    return Job(lease.id, key, dict(want.launch), lent=True)
+            wanted = [w for w in self.wants.values() if w.open > 0]
+            if any(w.node == node for w in wanted):
+                return "local"
+            fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == gpus]
+            if not fits:
+                running = self.workers - self.down - self.helpers
+                return "wait" if self.wants or running else None
+            want = max(fits, key=lambda w: w.open)
+            want.open -= 1
+            lease = _Lease(
+                secrets.token_hex(8), want.keeper, want.key, helper, node, helper_seen=now
+            )
+            self.leases[lease.id] = lease
+            return Job(lease.id, want.key, dict(want.launch))
+
+    def offer(self, lease_id: str, url: str | None, note: str | None, now: float) -> None:
+        """The helper's server for ``lease_id`` serves at ``url``, or (``note``) did not start
+        or died."""
+        with self._lock:
+            lease = self.leases.get(lease_id)
+            if lease is None:
+                return
+            lease.helper_seen = now
+            if note is not None:
+                lease.state, lease.note = "dead", note
+            elif lease.state == "starting":
+                lease.state, lease.url = "ready", url
+
+    def lease(self, lease_id: str, now: float) -> bool:
+        """The helper's report: True while it should keep serving."""
+        with self._lock:
+            self._expire(now)
+            lease = self.leases.get(lease_id)
+            if lease is None:
+                return False
+            lease.helper_seen = now
+            return lease.state in ("starting", "ready", "taken")
+
+    def _expire(self, now: float) -> None:
+        """Keepers silent for ``silent_s`` are gone (their leases released); helpers silent
+        that long are dead."""
+        for keeper in [k for k, w in self.wants.items() if now - w.seen > self.silent_s]:
+            del self.wants[keeper]
+            for lease in self.leases.values():
+                if lease.keeper == keeper and lease.state != "dead":
+                    lease.state = "released"
+        for lease in self.leases.values():
+            if lease.state in ("starting", "ready", "taken") and (
+                now - lease.helper_seen > self.silent_s
+            ):
+                lease.state = "dead"
+                lease.note = f"the worker serving it ({lease.helper} on {lease.node}) went silent"
+
+    def _forget(self, now: float) -> None:
+        for lease_id in [
+            i
+            for i, lease in self.leases.items()
+            if lease.state == "released" or (lease.state == "dead" and lease.note is None)
+        ]:
+            if now - self.leases[lease_id].helper_seen > self.silent_s:
+                del self.leases[lease_id]
+
+
+class Exchange:
+    """The controller's exchange: an ``aiohttp`` server in a daemon thread."""
+
+    def __init__(self, host: str = "127.0.0.1", clock: Callable[[], float] = time.monotonic):
+        self.token = secrets.token_hex(16)
+        self.server_key = secrets.token_hex(16)  # what helpers' servers require
+        remember(self.server_key)
+        self.book = ExchangeBook()
+        self.host = host
+        self.port = 0
+        self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: Any = None
+
+    def start(self) -> None:
+        # lazily: only multi-node sessions serve the exchange
+        from pytest_modelbench.running.router import run_forever
+
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(
+            target=run_forever, args=(loop,), name="modelbench-exchange", daemon=True
+        )
+        thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._serve(), loop).result(timeout=30)
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=30)
+            raise
+        self._loop, self._thread = loop, thread
+
+    def workerinput(self) -> dict[str, Any]:
+        """What workers need to call it (sent over xdist's channel, never written)."""
+        import socket
+
+        return {
+            "host": self.host if self.host not in ("0.0.0.0", "::") else socket.gethostname(),
+            "port": self.port,
+            "token": self.token,
+            "server_key": self.server_key,
+        }
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        server = web.Server(self._handle, access_log=None)
+        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0)
+        await site.start()
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        given = request.headers.get("Authorization", "")
+        if request.method != "POST" or not hmac.compare_digest(given, f"Bearer {self.token}"):
+            return web.Response(status=403)
+        try:
+            body = await request.json()
+            answer = self._call(request.path.strip("/"), body, request.remote or "")
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(answer)
+
+    def _call(self, name: str, body: dict[str, Any], remote: str) -> Any:
+        now, book = self._clock(), self.book
+        if name == "want":
+            return book.want(
+                str(body["keeper"]),
+                str(body["node"]),
+                str(body["key"]),
+                dict(body["launch"]),
+                int(body["open"]),
+                now,
+                lend=bool(body.get("lend")),
+            )
+        if name == "release":
+            book.release(str(body["keeper"]), body.get("id"))
+            return {}
+        if name == "serve":
+            live = body.get("live")  # [key, port] of the helper's running server
+            job = book.serve(
+                str(body["helper"]),
+                str(body["node"]),
+                int(body["gpus"]),
+                now,
+                live=(str(live[0]), _url(remote, int(live[1]))) if live else None,
+            )
+            if isinstance(job, Job):
+                return {"id": job.id, "key": job.key, "launch": job.launch, "lent": job.lent}
+            return {"local": job == "local", "wait": job == "wait"}
+        if name == "offer":
+            port = body.get("port")
+            url = _url(remote, int(port)) if port is not None else None
+            book.offer(str(body["id"]), url, body.get("note"), now)
+            return {}
+        if name == "lease":
+            return {"serve": book.lease(str(body["id"]), now)}
+        raise KeyError(f"no call {name!r}")
+
+    def close(self) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+
+        async def shutdown() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+
+
+def _url(host: str, port: int) -> str:
+    """A server's base URL at the address its worker called the exchange from."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+# Calls reach the controller directly even when the user has HTTP(S)_PROXY set.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ExchangeClient:
+    """A worker's calls to the exchange; a call that fails returns None (replicas only help),
+    and so does every later one: the failure is kept in :attr:`failure` for the worker to
+    report (an exchange that cannot be reached would otherwise cost a timeout per step)."""
+
+    def __init__(self, host: str, port: int, token: str, server_key: str) -> None:
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        self._token = token
+        self.server_key = server_key
+        self.loopback = host in ("127.0.0.1", "::1", "localhost")
+        self.failure: str | None = None
+
+    def call(self, name: str, **body: Any) -> dict[str, Any] | None:
+        if self.failure is not None:  # unreachable once: replicas across nodes are off
+            return None
+        request = urllib.request.Request(
+            f"{self.url}/{name}",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with _OPENER.open(request, timeout=CALL_TIMEOUT_S) as response:
+                answer = json.loads(response.read())
+        except (OSError, ValueError) as exc:
+            self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def __repr__(self) -> str:
+        return f"ExchangeClient({self.url})"

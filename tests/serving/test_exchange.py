@@ -1,0 +1,272 @@
+"""The session's exchange (replicas across nodes): its rules, its transport, and its place in
+a real two-node xdist run with fake GPUs and a fake vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+
+from pytest_modelbench.serving.exchange import (
+    WORKERINPUT_KEY,
+    Exchange,
+    ExchangeBook,
+    ExchangeClient,
+    Job,
+    client_from,
+    tx_nodes,
+)
+from pytest_modelbench.testing import read_log
+from tests.serving.fakevllm import starts
+from tests.serving.test_multihost import FAKE_SSH, FORWARDED
+from tests.serving.test_replicas import BIG, write_project
+
+LAUNCH = {"model_name": "m1", "model_path": "m1", "served": "m1", "args": {}, "gpus": 1}
+
+
+def test_a_helper_serves_a_want_of_another_node_once() -> None:
+    book = ExchangeBook()
+    book.worker_up("gw0")
+    book.worker_up("gw1")
+    assert book.serve("gw1", "b", 1, now=0.0) == "wait"  # gw0 may still want servers
+    book.want("gw0", "a", "k", LAUNCH, 1, now=1.0)
+    assert book.serve("gw2", "a", 1, now=1.0) == "local"  # its own node: GPUs go back there
+    assert book.serve("gw3", "c", 2, now=1.0) == "wait"  # a 2-GPU helper does not fit
+    job = book.serve("gw1", "b", 1, now=1.0)
+    assert isinstance(job, Job) and job.key == "k" and job.launch == LAUNCH
+    assert book.serve("gw4", "d", 1, now=1.0) == "wait"  # the one unit is taken
+    assert book.want("gw0", "a", "k", LAUNCH, 0, now=2.0) == {
+        "starting": 1,
+        "ready": [],
+        "dead": [],
+    }
+    book.offer(job.id, "http://10.0.0.2:8001/v1", None, now=3.0)
+    answer = book.want("gw0", "a", "k", LAUNCH, 0, now=3.0)
+    assert answer["ready"] == [{"id": job.id, "url": "http://10.0.0.2:8001/v1"}]
+    assert book.want("gw0", "a", "k", LAUNCH, 0, now=3.5)["ready"] == []  # handed out once
+    assert book.lease(job.id, now=4.0) is True
+    book.release("gw0", None)  # the keeper's model is done
+    assert book.lease(job.id, now=5.0) is False  # the helper stops its server
+    book.worker_down("gw0")
+    assert book.serve("gw1", "b", 1, now=6.0) is None  # nobody left who could want one
+
+
+def test_a_live_server_is_lent_to_another_node_running_its_launch() -> None:
+    book = ExchangeBook()
+    book.worker_up("gw0")
+    book.want("gw0", "a", "k", LAUNCH, 0, now=0.0, lend=True)
+    mine = book.serve("gw2", "a", 1, now=0.0, live=("k", "http://a:1/v1"))
+    assert mine == "wait"  # its own node's keeper borrows through handover.py
+    other = book.serve("gw3", "b", 1, now=0.0, live=("other-launch", "http://b:2/v1"))
+    assert other == "wait"
+    lent = book.serve("gw1", "b", 1, now=0.0, live=("k", "http://b:1/v1"))
+    assert isinstance(lent, Job) and lent.lent
+    answer = book.want("gw0", "a", "k", LAUNCH, 0, now=1.0, lend=True)
+    assert answer["ready"] == [{"id": lent.id, "url": "http://b:1/v1"}]
+    book.want("gw0", "a", "k", LAUNCH, 0, now=2.0, lend=False)  # its item is done
+    again = book.serve("gw4", "c", 1, now=2.0, live=("k", "http://c:1/v1"))
+    assert again == "wait"
+
+
+def test_silent_keepers_release_and_silent_helpers_are_dead() -> None:
+    book = ExchangeBook(silent_s=30.0)
+    for worker in ("gw0", "gw1", "gw2"):
+        book.worker_up(worker)
+    book.want("gw0", "a", "k", LAUNCH, 2, now=0.0)
+    first = book.serve("gw1", "b", 1, now=0.0)
+    second = book.serve("gw2", "c", 1, now=0.0)
+    assert isinstance(first, Job) and isinstance(second, Job)
+    book.offer(first.id, "http://b:1/v1", None, now=1.0)
+    book.offer(second.id, "http://c:1/v1", None, now=1.0)
+    book.want("gw0", "a", "k", LAUNCH, 0, now=1.0)
+    told = []
+    for t in range(2, 40):  # gw1 keeps reporting, gw2 went silent after its offer
+        assert book.lease(first.id, now=float(t))
+        told += [(t, dead) for dead in book.want("gw0", "a", "k", LAUNCH, 0, now=float(t))["dead"]]
+    note = "the worker serving it (gw2 on c) went silent"
+    assert told == [(32, {"id": second.id, "note": note})]  # once, after 30 s of silence
+    assert book.lease(first.id, now=50.0)
+    assert book.lease(first.id, now=75.0) is False  # the keeper has been silent since 40 s
+
+
+def test_a_failed_start_is_reported_to_its_keeper() -> None:
+    book = ExchangeBook()
+    book.want("gw0", "a", "k", LAUNCH, 1, now=0.0)
+    job = book.serve("gw1", "b", 1, now=0.0)
+    assert isinstance(job, Job)
+    book.offer(job.id, None, "did not start on b: CUDA out of memory", now=1.0)
+    answer = book.want("gw0", "a", "k", LAUNCH, 0, now=1.0)
+    assert answer == {
+        "starting": 0,
+        "ready": [],
+        "dead": [{"id": job.id, "note": "did not start on b: CUDA out of memory"}],
+    }
+
+
+def test_the_exchange_answers_only_with_the_session_token() -> None:
+    exchange = Exchange()
+    exchange.start()
+    try:
+        given = exchange.workerinput()
+        client = client_from({WORKERINPUT_KEY: given}, {})
+        assert client is not None and client.loopback
+        exchange.book.worker_up("gw0")
+        assert client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, open=1) == {
+            "starting": 0,
+            "ready": [],
+            "dead": [],
+        }
+        job = client.call("serve", helper="gw1", node="b", gpus=1)
+        assert job is not None and job["launch"] == LAUNCH
+        assert client.call("offer", id=job["id"], port=8123) == {}
+        answer = client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, open=0)
+        assert answer is not None  # the URL is the address the helper called from
+        assert answer["ready"] == [{"id": job["id"], "url": "http://127.0.0.1:8123/v1"}]
+
+        request = urllib.request.Request(
+            f"{client.url}/want", data=b"{}", method="POST", headers={"Authorization": "x"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 403
+        assert client.call("nonsense") is None and client.failure is not None
+    finally:
+        exchange.close()
+    assert client.call("serve", helper="gw1", node="b", gpus=1) is None  # gone: no answer
+
+
+def test_tx_groups_are_nodes_and_ssh_tells_where_the_controller_is() -> None:
+    assert tx_nodes(["8*popen"]) == ({"popen"}, False)
+    nodes, networked = tx_nodes(
+        ["2*popen//env:A=1", "2*popen//python=py -m pytest_modelbench.serving.remote n2"]
+    )
+    assert len(nodes) == 2 and networked
+    assert tx_nodes(["popen//id=gw0", "popen//id=gw1"]) == ({"popen"}, False)
+    given = {WORKERINPUT_KEY: {"host": "ctl", "port": 1, "token": "t", "server_key": "s" * 16}}
+    over_ssh = client_from(given, {"SSH_CONNECTION": "10.1.2.3 5000 10.1.2.9 22"})
+    assert over_ssh is not None and over_ssh.url == "http://10.1.2.3:1"
+    told = client_from(given, {"MODELBENCH_EXCHANGE_HOST": "head", "SSH_CONNECTION": "x 1 y 2"})
+    assert told is not None and told.url == "http://head:1"
+    assert client_from({}, {}) is None
+
+
+# -- the real thing: two nodes, one item ---------------------------------------------------------
+
+
+def _tx(root: Path, host: str, gpu: str) -> list[str]:
+    """One worker on a simulated node (fake ssh, as in test_multihost): its GPU, its own claim
+    directory, its own request log."""
+    env = {
+        "MODELBENCH_FAKE_GPUS": f"{gpu}:0",
+        "MODELBENCH_GPU_LOCK_DIR": str(root / f"host-{host}" / "gpu-locks"),
+        **{name: os.environ[name] for name in FORWARDED},
+        "FAKE_VLLM_REQUESTS": str(root / f"requests-{host}.jsonl"),
+        **{name: os.environ[name] for name in ("FAKE_VLLM_LATENCY", "FAKE_VLLM_SLOTS")},
+    }
+    spec = f"1*popen//python={sys.executable} -m pytest_modelbench.serving.remote {host}"
+    return ["--tx", spec + "".join(f"//env:{k}={v}" for k, v in env.items())]
+
+
+def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes, one GPU and one worker each, one large item. The worker that gets nothing
+    starts the item's model on its own node's GPU, listening with the session's server key,
+    and the item's requests spread over both nodes; everything stops at the end, and the key
+    is written nowhere."""
+    root = pytester.path
+    ssh = root / "fake-ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    monkeypatch.setenv("MODELBENCH_SSH", str(ssh))
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.1")
+    monkeypatch.setenv("FAKE_VLLM_SLOTS", "4")
+    write_project(root, costs={"big": 1000, "small": 200})
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load",
+        *_tx(root, "a", "0"), *_tx(root, "b", "4"),
+        "--run-id", "r", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    servers = starts(fake_vllm)
+    assert sorted((s["host"], s["gpus"]) for s in servers) == [("a", "0"), ("b", "4")], servers
+    assert all(s["keyed"] and s["bind"] == "0.0.0.0" for s in servers)  # network, with the key
+    run = root / "runs" / "r"
+    helper = next(
+        s for s in servers if (run / "servers" / f"{s['worker']}-m1-for-another-node.log").exists()
+    )
+    keeper = next(s for s in servers if s is not helper)
+    assert helper["host"] != keeper["host"] and helper["worker"] != keeper["worker"]
+
+    logs = {h: [r for r in read_log(root / f"requests-{h}.jsonl") if "big" in r.key] for h in "ab"}
+    assert sum(map(len, logs.values())) == BIG  # every example once
+    assert len(logs[helper["host"]]) >= BIG // 5, {h: len(v) for h, v in logs.items()}
+    for server in servers:  # no orphans
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)
+    log = root / "runs" / "r" / "servers" / f"{helper['worker']}-m1-for-another-node.log"
+    assert "VLLM_API_KEY" not in log.read_text()
+    for path in (root / "runs").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".log", ".html", ".md"):
+            assert "Bearer" not in path.read_text(errors="replace"), path
+    assert "Bearer" not in result.stdout.str()
+    assert json.loads((run / "run_manifest.json").read_text())["items"]
+
+
+def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes, one model: when the small item's worker is done, its live server (already
+    serving the model, on its node's network) answers the big item's requests on the other
+    node at once, without a start, and stops when the big item's worker lets it go."""
+    root = pytester.path
+    ssh = root / "fake-ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    monkeypatch.setenv("MODELBENCH_SSH", str(ssh))
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.2")
+    monkeypatch.setenv("FAKE_VLLM_SLOTS", "4")
+    write_project(root, costs={"big": 1000, "small": 200})
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "--dist", "load",
+        *_tx(root, "a", "0"), *_tx(root, "b", "4"),
+        "--run-id", "r", "-p", "no:cacheprovider", "-q",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+    servers = starts(fake_vllm)
+    assert sorted(s["host"] for s in servers) == ["a", "b"], servers  # no third start
+    logs = {h: read_log(root / f"requests-{h}.jsonl") for h in "ab"}
+    (small_host,) = [h for h, log in logs.items() if any("small" in r.key for r in log)]
+    lent = [r for r in logs[small_host] if "big" in r.key]
+    assert len(lent) >= BIG // 5, len(lent)  # the lent server did a real share of the big item
+    last_small = max(r.end for r in logs[small_host] if "small" in r.key)
+    assert min(r.start for r in lent) >= last_small - 1.0  # lent once its own item was done
+    assert sum(1 for log in logs.values() for r in log if "big" in r.key) == BIG
+    for server in servers:  # no orphans
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)
+
+
+def test_an_unreachable_exchange_is_reported_once_and_not_called_again(tmp_path: Path) -> None:
+    from pytest_modelbench.serving.pool import ReplicaWarning, ServerPool
+    from pytest_modelbench.serving.process import free_port
+
+    client = ExchangeClient("127.0.0.1", free_port(), "t", "k" * 16)
+    assert client.call("serve", helper="gw1", node="b", gpus=1) is None
+    assert client.failure is not None and client.failure.startswith(
+        f"the session's exchange at {client.url} did not answer"
+    )
+    client.url = "http://203.0.113.1:9"  # would time out: no longer called at all
+    assert client.call("want", keeper="gw0") is None
+    pool = ServerPool(tmp_path, session="s", exchange=client)
+    with pytest.warns(ReplicaWarning, match="replicas across nodes are off: .*EXCHANGE_HOST"):
+        pool.report_replicas()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.report_replicas()  # once
