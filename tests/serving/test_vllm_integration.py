@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,17 @@ def smoke_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_smoke_model(tmp_path_factory.mktemp("smoke-cache"))
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+KEY = "modelbench-test-server-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _post(
+    url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[dict[str, Any], float]:
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     started = time.perf_counter()
     with _NO_PROXY.open(request, timeout=120) as resp:
@@ -80,6 +89,8 @@ def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
 def test_real_vllm_serves_chat_and_completions_then_stops_clean(
     smoke_model: Path, tmp_path: Path, record_property: Any
 ) -> None:
+    """As a server of a multi-node session runs (docs/replicas.md): on the node's network,
+    requiring the session's key, which it gets through its environment only."""
     server = VllmServer(
         smoke_model,
         "smoke",
@@ -88,6 +99,8 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
         tmp_path / "logs" / "vllm-smoke.log",
         tmp_path / "cache",
         python=sys.executable,
+        host="0.0.0.0",
+        api_key=KEY,
     )
     started = time.perf_counter()
     server.start(START_DEADLINE_S)
@@ -101,15 +114,18 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
 
         messages = [{"role": "user", "content": "What is 12 + 7? Answer with a number."}]
         chat_body = {"model": "smoke", "messages": messages, "max_tokens": 16, "temperature": 0}
-        chat, chat_s = _post(f"{base}/chat/completions", chat_body)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _post(f"{base}/chat/completions", chat_body)  # without the key
+        assert refused.value.code == 401
+        chat, chat_s = _post(f"{base}/chat/completions", chat_body, AUTH)
         assert chat["model"] == "smoke"
         assert isinstance(chat["choices"][0]["message"]["content"], str)
         assert 0 < chat["usage"]["completion_tokens"] <= 16
-        again, chat2_s = _post(f"{base}/chat/completions", chat_body)
+        again, chat2_s = _post(f"{base}/chat/completions", chat_body, AUTH)
         assert again["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
 
         comp_body = {"model": "smoke", "prompt": "The answer is", "max_tokens": 8, "temperature": 0}
-        completion, completion_s = _post(f"{base}/completions", comp_body)
+        completion, completion_s = _post(f"{base}/completions", comp_body, AUTH)
         assert isinstance(completion["choices"][0]["text"], str)
         assert completion["usage"]["completion_tokens"] <= 8
         watchdog = server.process.watchdog_pid
@@ -123,6 +139,7 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
     assert _processes_using(smoke_model) == []
     log = server.log_path.read_text()
     assert "ready at http://127.0.0.1:" in log and "stopped (exit code" in log
+    assert "--host 0.0.0.0" in log and KEY not in log and KEY not in " ".join(server.argv(1))
 
     figures = {
         "vllm_startup_s": round(startup_s, 1),
