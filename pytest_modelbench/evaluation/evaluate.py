@@ -349,6 +349,10 @@ class ItemEvaluator:
             raise
         wall = time.time() - started
         seconds, estimated = _whole_item_seconds(wall, summary)
+        serving = getattr(self.endpoints, "serving", None)
+        replica_s = serving.replica_seconds(item.item_id) if serving is not None else 0.0
+        if replica_s > 0 and wall > 0:  # its work on one server, for the duration memory
+            summary["server_s"] = round(seconds * (wall + replica_s) / wall, 3)
         over_budget = summary["error_rate"] > self.options.error_budget
         summary.update(
             num_examples=item.num_examples,

@@ -45,6 +45,8 @@ from typing import Any
 from pytest_modelbench.secrets import remember
 
 SILENT_S = 30.0  # a party that has not called for this long is gone
+DEFAULT_START_S = 900.0  # a helper's start that says no timeout may take this long
+FAILURES = 3  # calls in a row that fail before a worker stops calling
 CALL_TIMEOUT_S = 5.0
 WORKERINPUT_KEY = "modelbench_exchange"
 HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
@@ -71,27 +73,40 @@ def tx_nodes(specs: Sequence[str]) -> tuple[set[str], bool]:
         group = rest if star and count.isdigit() else str(spec)
         parts = [p for p in group.split("//") if not p.startswith("id=")]
         nodes.add("//".join(parts))
-        networked = networked or any(
-            p.startswith(("ssh=", "socket=", "vagrant_ssh=")) or "serving.remote" in p
-            for p in parts
-        )
+        networked = networked or networked_spec(group)
     return nodes, networked
+
+
+def networked_spec(spec: str) -> bool:
+    """Whether a ``--tx`` spec's workers run on another node (ssh, a socket, or
+    ``serving.remote``); ``popen`` workers run on the controller's."""
+    return any(
+        p.startswith(("ssh=", "socket=", "vagrant_ssh=")) or "serving.remote" in p
+        for p in str(spec).split("//")
+    )
 
 
 def client_from(
     workerinput: Mapping[str, Any] | None, environ: Mapping[str, str]
 ) -> ExchangeClient | None:
     """A worker's client for the exchange its controller runs, or None. The controller's
-    address: ``$MODELBENCH_EXCHANGE_HOST``, else where this node's ssh session came from
-    (``$SSH_CONNECTION``), else what the controller sent."""
+    address: ``$MODELBENCH_EXCHANGE_HOST``; on a node reached over the network, where its
+    ssh session came from (``$SSH_CONNECTION``), else the controller's host name; on the
+    controller's own node, loopback (a ``popen`` worker inherits the user's own ssh login)."""
     given = (workerinput or {}).get(WORKERINPUT_KEY)
     if not isinstance(given, Mapping):
         return None
     remember(str(given["server_key"]))  # redacted wherever a server echoes it
-    ssh = environ.get("SSH_CONNECTION", "").split()
-    host = environ.get(HOST_ENV) or (ssh[0] if ssh else "") or str(given.get("host") or "")
+    host = environ.get(HOST_ENV, "")
+    if not host and given.get("networked"):
+        ssh = environ.get("SSH_CONNECTION", "").split()
+        host = ssh[0] if ssh else str(given.get("host") or "")
     return ExchangeClient(
-        host or "127.0.0.1", int(given["port"]), str(given["token"]), str(given["server_key"])
+        host or "127.0.0.1",
+        int(given["port"]),
+        str(given["token"]),
+        str(given["server_key"]),
+        local=bool(given.get("local")),
     )
 
 
@@ -117,6 +132,7 @@ class _Lease:
     url: str | None = None
     note: str | None = None
     helper_seen: float = 0.0
+    start_s: float = 0.0  # a start may take this long without a report (its timeout)
 
 
 @dataclass(frozen=True)
@@ -159,16 +175,15 @@ class ExchangeBook:
         node: str,
         key: str,
         launch: dict[str, Any],
-        open_: int,
+        need: int,
         now: float,
         lend: bool = False,
     ) -> dict[str, Any]:
-        """The keeper's call: ``open_`` more servers of ``key`` would pay now (``lend``: live
-        ones are welcome). Returns the leases starting for it, those ready (now taken by it)
-        and those that died since."""
+        """The keeper's call: ``need`` servers of ``key`` from other nodes would pay now,
+        counting those they are starting for it (``lend``: live ones are welcome). Returns
+        the leases starting for it, those ready (now taken by it) and those that died since."""
         with self._lock:
             self._expire(now)
-            self.wants[keeper] = _Want(keeper, node, key, launch, max(0, open_), now, lend)
             starting = 0
             ready: list[dict[str, str]] = []
             dead: list[dict[str, str]] = []
@@ -185,6 +200,8 @@ class ExchangeBook:
                 elif lease.state == "dead" and lease.note is not None:
                     dead.append({"id": lease.id, "note": lease.note})
                     lease.note = None  # told once
+            open_ = max(0, need - starting)  # units already taken are not offered again
+            self.wants[keeper] = _Want(keeper, node, key, launch, open_, now, lend)
             self._forget(now)
             return {"starting": starting, "ready": ready, "dead": dead}
 
@@ -225,7 +242,9 @@ class ExchangeBook:
                     self.leases[lease.id] = lease
                     return Job(lease.id, key, dict(want.launch), lent=True)
             wanted = [w for w in self.wants.values() if w.open > 0]
-            if any(w.node == node for w in wanted):
+            local = [w for w in wanted if w.node == node]
+            if local:  # this helper's GPUs go back there: one unit fewer to find
+                local[0].open -= 1
                 return "local"
             fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == gpus]
             if not fits:
@@ -234,7 +253,13 @@ class ExchangeBook:
             want = max(fits, key=lambda w: w.open)
             want.open -= 1
             lease = _Lease(
-                secrets.token_hex(8), want.keeper, want.key, helper, node, helper_seen=now
+                secrets.token_hex(8),
+                want.keeper,
+                want.key,
+                helper,
+                node,
+                helper_seen=now,
+                start_s=float(want.launch.get("timeout_s", DEFAULT_START_S)),
             )
             self.leases[lease.id] = lease
             return Job(lease.id, want.key, dict(want.launch))
@@ -271,9 +296,8 @@ class ExchangeBook:
                 if lease.keeper == keeper and lease.state != "dead":
                     lease.state = "released"
         for lease in self.leases.values():
-            if lease.state in ("starting", "ready", "taken") and (
-                now - lease.helper_seen > self.silent_s
-            ):
+            limit = self.silent_s + (lease.start_s if lease.state == "starting" else 0.0)
+            if lease.state in ("starting", "ready", "taken") and now - lease.helper_seen > limit:
                 lease.state = "dead"
                 lease.note = f"the worker serving it ({lease.helper} on {lease.node}) went silent"
 
@@ -290,7 +314,10 @@ class ExchangeBook:
 class Exchange:
     """The controller's exchange: an ``aiohttp`` server in a daemon thread."""
 
-    def __init__(self, host: str = "127.0.0.1", clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, host: str | None = "127.0.0.1", clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``host`` None listens on every interface (IPv4 and IPv6)."""
         self.token = secrets.token_hex(16)
         self.server_key = secrets.token_hex(16)  # what helpers' servers require
         remember(self.server_key)
@@ -319,12 +346,16 @@ class Exchange:
             raise
         self._loop, self._thread = loop, thread
 
-    def workerinput(self) -> dict[str, Any]:
-        """What workers need to call it (sent over xdist's channel, never written)."""
+    def workerinput(self, spec: str) -> dict[str, Any]:
+        """What the workers of ``--tx`` spec ``spec`` need to call it (sent over xdist's
+        channel, never written)."""
         import socket
 
+        networked = networked_spec(spec)
         return {
-            "host": self.host if self.host not in ("0.0.0.0", "::") else socket.gethostname(),
+            "host": socket.gethostname() if networked else "127.0.0.1",
+            "networked": networked,
+            "local": self.host is not None,  # every node is this one: servers stay on loopback
             "port": self.port,
             "token": self.token,
             "server_key": self.server_key,
@@ -336,8 +367,18 @@ class Exchange:
         server = web.Server(self._handle, access_log=None)
         runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, 0)
-        await site.start()
+        if self.host is None:  # every interface, IPv4 and IPv6, on one port
+            from pytest_modelbench.serving.process import free_port
+
+            try:
+                site = web.TCPSite(runner, None, free_port("0.0.0.0"))
+                await site.start()
+            except OSError:  # no IPv6 here, or the port was taken meanwhile
+                site = web.TCPSite(runner, "0.0.0.0", 0)
+                await site.start()
+        else:
+            site = web.TCPSite(runner, self.host, 0)
+            await site.start()
         self._runner = runner
         self.port = int(runner.addresses[0][1])
 
@@ -362,7 +403,7 @@ class Exchange:
                 str(body["node"]),
                 str(body["key"]),
                 dict(body["launch"]),
-                int(body["open"]),
+                int(body["need"]),
                 now,
                 lend=bool(body.get("lend")),
             )
@@ -417,16 +458,21 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ExchangeClient:
-    """A worker's calls to the exchange; a call that fails returns None (replicas only help),
-    and so does every later one: the failure is kept in :attr:`failure` for the worker to
-    report (an exchange that cannot be reached would otherwise cost a timeout per step)."""
+    """A worker's calls to the exchange; a call that fails returns None (replicas only help).
+    After ``FAILURES`` in a row every later one does too, without calling: the failure is kept
+    in :attr:`failure` for the worker to report (an exchange that cannot be reached would
+    otherwise cost a timeout per step)."""
 
-    def __init__(self, host: str, port: int, token: str, server_key: str) -> None:
+    def __init__(
+        self, host: str, port: int, token: str, server_key: str, *, local: bool = False
+    ) -> None:
+        """``local``: every node of the session is this one (servers stay on loopback)."""
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         self._token = token
         self.server_key = server_key
-        self.loopback = host in ("127.0.0.1", "::1", "localhost")
+        self.local = local
         self.failure: str | None = None
+        self._failures = 0
 
     def call(self, name: str, **body: Any) -> dict[str, Any] | None:
         if self.failure is not None:  # unreachable once: replicas across nodes are off
@@ -441,8 +487,11 @@ class ExchangeClient:
             with _OPENER.open(request, timeout=CALL_TIMEOUT_S) as response:
                 answer = json.loads(response.read())
         except (OSError, ValueError) as exc:
-            self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
+            self._failures += 1
+            if self._failures >= FAILURES:
+                self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
             return None
+        self._failures = 0
         return answer if isinstance(answer, dict) else None
 
     def __repr__(self) -> str:

@@ -129,7 +129,12 @@ class ServerPool:
         self._replicas: ReplicaSet | None = None
         self._wanted: Wanted | None = None  # "more servers of my model welcome" (replicas)
         self._served_items: set[str] = set()  # items the current server serves
+        self._planned: dict[str, PlannedItem] = {}  # items this worker served
         self._estimates: dict[str, float | None] = {}  # their work, seconds on one server
+        self._estimate_lock = threading.Lock()
+        self._replica_s: dict[str, float] = {}  # item -> replicas' serving time, past sets
+        self._remote_lock = threading.Lock()
+        self._remote_closed = False  # replicas stopped: no more wants until the next set
         self._starting: str | None = None  # the item whose server is starting
         self._want_lock = threading.Lock()
         self._restarts: dict[str, int] = {}
@@ -191,7 +196,7 @@ class ServerPool:
         from pytest_modelbench.serving.base import ServingError
 
         if self._estimate is not None and self.session is not None:
-            self._estimates.setdefault(item.item_id, self._estimate_for(item))
+            self._planned.setdefault(item.item_id, item)  # estimated when replicas ask
         spec = item.model
         local = (
             spec.model is not None
@@ -305,6 +310,8 @@ class ServerPool:
         from pytest_modelbench.serving.replicas import START_GUESS_S, ReplicaSet
 
         session, key, lock_dir = self.session, self._launch.key, default_lock_dir()
+        with self._remote_lock:
+            self._remote_closed = False
         self._replicas = ReplicaSet(
             model=self._launch.model_name,
             urls=urls if urls is not None else UrlSet(),
@@ -325,7 +332,7 @@ class ServerPool:
         the session's key, so that it can lend them to another node's item at its end."""
         if self.exchange is None:
             return {}
-        host = "127.0.0.1" if self.exchange.loopback else "0.0.0.0"  # keyed
+        host = "127.0.0.1" if self.exchange.local else "0.0.0.0"  # keyed
         return {"host": host, "api_key": self.exchange.server_key}
 
     @property
@@ -343,23 +350,26 @@ class ServerPool:
 
         return f"{socket.gethostname()}:{default_lock_dir()}"
 
-    def _want_remote(self, more: int, lend: bool) -> int:
-        """Tell the exchange how many more servers of the current launch would pay (0: none)
-        and whether live ones are welcome (``lend``: the item has work left); collect the
-        servers other nodes made ready and the deaths. Returns how many other nodes are
-        starting one for this worker."""
+    def _want_remote(self, need: int, lend: bool) -> int:
+        """Tell the exchange how many servers of the current launch from other nodes would
+        pay, counting those they are starting (0: none), and whether live ones are welcome
+        (``lend``: the item has work left); collect the servers other nodes made ready and
+        the deaths. Returns how many other nodes are starting one for this worker."""
         client, launch = self.exchange, self._launch
         if client is None or launch is None:
             return 0
-        answer = client.call(
-            "want",
-            keeper=self.worker,
-            node=self.node,
-            key=launch.key,
-            launch=launch.fields(),
-            open=more,
-            lend=lend,
-        )
+        with self._remote_lock:  # never after _stop_replicas released everything
+            if self._remote_closed:
+                return 0
+            answer = client.call(
+                "want",
+                keeper=self.worker,
+                node=self.node,
+                key=launch.key,
+                launch=launch.fields(),
+                need=need,
+                lend=lend,
+            )
         if answer is None:
             return 0
         for dead in answer.get("dead", ()):
@@ -371,19 +381,26 @@ class ServerPool:
     def _take_remote(self) -> Server | None:
         return self._remote_ready.pop(0) if self._remote_ready else None
 
-    def _estimate_for(self, item: PlannedItem) -> float | None:
-        assert self._estimate is not None
-        if item.item_id in self._estimates:
-            return self._estimates[item.item_id]
-        try:
-            return self._estimate(item)
-        except Exception:  # an estimate only helps replicas start early
-            return None
-
     def _estimate_of(self, item_id: str | None) -> float | None:
-        """The cost plan's work of an item this server serves (None: the one it starts for)."""
+        """The cost plan's work of an item this server serves (None: the one it starts for),
+        computed when the replica thread first asks (never before a server start)."""
         key = item_id if item_id is not None else self._starting
-        return self._estimates.get(key) if key is not None else None
+        if key is None or self._estimate is None or key not in self._planned:
+            return None
+        item = self._planned[key]
+        with self._estimate_lock:
+            if key not in self._estimates:
+                try:
+                    self._estimates[key] = self._estimate(item)
+                except Exception:  # an estimate only helps replicas start early
+                    self._estimates[key] = None
+            return self._estimates[key]
+
+    def replica_seconds(self, item_id: str) -> float:
+        """How long replicas served ``item_id`` (summed over their number): its work on one
+        server is its wall time plus this."""
+        current = self._replicas.replica_seconds if self._replicas is not None else {}
+        return self._replica_s.get(item_id, 0.0) + current.get(item_id, 0.0)
 
     def _served_progress(self) -> Progress | None:
         """The running item's progress while it is one this server serves (not an API item
@@ -628,11 +645,16 @@ class ServerPool:
 
     def _stop_replicas(self) -> None:
         if self._replicas is not None:
+            with self._remote_lock:
+                self._remote_closed = True
             self._replicas.stop()  # its thread no longer says "wanted" after this
             self.report_replicas()
+            for item_id, seconds in self._replicas.replica_seconds.items():
+                self._replica_s[item_id] = self._replica_s.get(item_id, 0.0) + seconds
             self._replicas = None
             if self.exchange is not None:  # servers of other nodes: no longer wanted
-                self.exchange.call("release", keeper=self.worker, id=None)
+                with self._remote_lock:  # after any want in flight
+                    self.exchange.call("release", keeper=self.worker, id=None)
                 for server in self._remote_ready:
                     server.stop()
                 self._remote_ready.clear()
@@ -673,11 +695,16 @@ class _RemoteServer:
         self._pool = pool
 
     def is_alive(self) -> bool:
-        return self.lease not in self._pool._remote_dead
+        exchange = self._pool.exchange
+        lost = exchange is not None and exchange.failure is not None  # nobody says any more
+        return not lost and self.lease not in self._pool._remote_dead
 
     def stop(self) -> None:
         if self._pool.exchange is not None:
             self._pool.exchange.call("release", keeper=self._pool.worker, id=self.lease)
 
     def death_report(self) -> str | None:
+        exchange = self._pool.exchange
+        if exchange is not None and exchange.failure is not None:
+            return exchange.failure
         return self._pool._remote_dead.get(self.lease)

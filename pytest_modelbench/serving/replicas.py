@@ -155,10 +155,12 @@ class ReplicaSet:
     ``progress()`` is the running item's ``(done, total)``, None between items;
     ``borrow()`` a live server of the same model that another worker lends, or None.
 
-    ``want_more(n, lend)`` says that ``n`` more servers would pay than this node's free GPUs
-    give (every step, 0 included) and whether live ones are welcome (the item has work left),
-    and returns how many other nodes are starting one for it (``serving/exchange.py``);
-    their servers arrive through ``borrow()``.
+    ``want_more(n, lend)`` says that ``n`` servers from other nodes would pay, counting those
+    they are starting already (every step, 0 included), and whether live ones are welcome
+    (the item has work left); it returns how many other nodes are starting one for it
+    (``serving/exchange.py``). Their servers arrive through ``borrow()``.
+    :attr:`replica_seconds` is each item's serving time on replicas (counted every step), so
+    that the item's work on one server is its wall time plus that.
 
     ``estimate(item_id)`` is an item's work in seconds on one server, from the session's cost
     plan (None when unknown; ``item_id`` None: the item the worker's own server is starting
@@ -189,7 +191,7 @@ class ReplicaSet:
         self._estimate = estimate
         self._primary_ready = primary_ready
         self._want_more = want_more
-        self._remote_open = 0  # servers that would pay beyond this node's free GPUs
+        self._remote_need = 0  # servers from other nodes that would pay (starting ones too)
         self._remote_lend = False  # live servers of other nodes are welcome (work is left)
         self._remote_starting = 0  # servers other nodes are starting for this one
         self._borrow = borrow
@@ -211,6 +213,8 @@ class ReplicaSet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = 0  # replicas that served
+        self.replica_seconds: dict[str, float] = {}  # item -> replicas' serving time on it
+        self._sampled: float | None = None  # when replica time was last counted
         self._launches = 0  # replicas this set started (numbers their logs)
 
     # -- life ------------------------------------------------------------------------------
@@ -241,6 +245,7 @@ class ReplicaSet:
         """The worker's own server serves now; it took ``start_s`` to start."""
         self.start_s = start_s
         self._primary_ready = True
+        self._meter.reset()
 
     def attach(self, urls: UrlSet) -> None:
         """Serve a new URL set (the primary restarted on another port): replicas move to it."""
@@ -277,28 +282,32 @@ class ReplicaSet:
     def step(self) -> int:
         """One look: adopt lent servers, start the replicas that pay; returns how many
         replicas were launched here."""
-        self._remote_open, self._remote_lend = 0, False
+        self._remote_need, self._remote_lend = 0, False
         try:
             return self._step()
         finally:
-            self._remote_starting = self._want_more(self._remote_open, self._remote_lend)
+            self._remote_starting = self._want_more(self._remote_need, self._remote_lend)
 
     def _step(self) -> int:
         progress = self._progress()
-        if progress is None:
+        if not self._primary_ready:  # the worker's own server is starting (for this item)
             self._meter.reset()
-            if self._primary_ready:  # between items
-                return 0
-            work_s = self._estimate(None)  # the worker's own server is starting for an item
+            work_s = self._estimate(progress[0] if progress is not None else None)
             if work_s is None:
                 return 0
             self._remote_lend = True
             self._adopt()
-            return self._grow(work_s, serving=0)
+            return self._grow(work_s, serving=self.serving - 1)
+        if progress is None:  # between items
+            self._meter.reset()
+            self._sampled = None
+            return 0
         item, done, total = progress
         if item != self._item:  # another item: its own rate
             self._item = item
             self._meter.reset()
+            self._sampled = None
+        self._count_replica_seconds(item)
         if done < total:
             self._remote_lend = True
             self._adopt()
@@ -316,6 +325,14 @@ class ReplicaSet:
         if work_s is None or total <= 0:
             return 0
         return self._grow(work_s * (total - done) / total, serving=serving)
+
+    def _count_replica_seconds(self, item: str) -> None:
+        """Add the replicas' serving time since the last look to ``item``'s."""
+        now = self._clock()
+        if self._sampled is not None:
+            extra = (self.serving - 1) * (now - self._sampled)
+            self.replica_seconds[item] = self.replica_seconds.get(item, 0.0) + extra
+        self._sampled = now
 
     def _grow(self, work_s: float, *, serving: int) -> int:
         """Start the replicas that pay for ``work_s`` seconds of work on one server left, with
@@ -341,7 +358,8 @@ class ReplicaSet:
                 break
             launched += 1
         if not self._stop.is_set() and not self._failed:
-            self._remote_open = wanted - launched
+            # from other nodes: what this node cannot give, and what they are starting already
+            self._remote_need = wanted - launched + self._remote_starting
         return launched
 
     def _adopt(self) -> None:

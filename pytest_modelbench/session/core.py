@@ -276,7 +276,7 @@ class ModelbenchSession:
                 # lazily: loaded only when this runs, not at every pytest start-up
                 from pytest_modelbench.serving.exchange import WORKERINPUT_KEY
 
-                node.workerinput[WORKERINPUT_KEY] = exchange.workerinput()
+                node.workerinput[WORKERINPUT_KEY] = exchange.workerinput(str(node.gateway.spec))
                 exchange.book.worker_up(node.gateway.id)
 
     @pytest.hookimpl(optionalhook=True)
@@ -298,7 +298,7 @@ class ModelbenchSession:
             nodes, networked = tx_nodes(self.config.getvalue("tx") or [])
             if len(nodes) < 2:
                 return None
-            exchange = Exchange("0.0.0.0" if networked else "127.0.0.1")
+            exchange = Exchange(None if networked else "127.0.0.1")  # None: every interface
             try:
                 exchange.start()
             except OSError as exc:
@@ -398,7 +398,7 @@ class ModelbenchSession:
         """An item's work in seconds on one server, as the scheduler plans it (replicas start
         alongside a worker's server when this pays for them)."""
         if self._plan_costs is None:
-            self._plan_costs = self.plan_costs()
+            self._plan_costs = self.plan_costs()  # an error here is retried per item only
         return self._plan_costs.cost(item.item_id).seconds
 
     def _reserve_gpus(self) -> None:

@@ -58,12 +58,24 @@ class ResumePlugin:
         ):
             return
         self._remember_tokens(item_id)
+        seconds = self._work_on_one_server(item_id, float(seconds))
         if self._durations is None:
             self._durations = read_durations(self.config)
         if self._durations.get(item_id) == seconds:
             return
         self._durations[item_id] = float(seconds)
         write_durations(self.config, self._durations)
+
+    def _work_on_one_server(self, item_id: str, seconds: float) -> float:
+        """The item's duration as the scheduler plans it: replicas shortened its wall time
+        by the time they served it (``server_s`` in its summary)."""
+        mb = self.config.stash.get(SESSION_KEY, None)
+        if mb is None or not mb.records or mb.records[-1].item_id != item_id:
+            return seconds
+        server_s = mb.records[-1].summary.get("server_s")
+        if not isinstance(server_s, (int, float)) or isinstance(server_s, bool):
+            return seconds
+        return max(seconds, float(server_s))
 
     def _remember_tokens(self, item_id: str) -> None:
         """Tokens per example from the record the controller has just taken in for ``item_id``

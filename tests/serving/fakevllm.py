@@ -45,6 +45,7 @@ record = {
     "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "bind": args.host,
     "keyed": bool(os.environ.get("VLLM_API_KEY")),
+    "key": os.environ.get("VLLM_API_KEY"),  # for the tests that look for it elsewhere
     "flags": rest,
 }
 with open(os.environ["FAKE_VLLM_LOG"], "a") as log:

@@ -208,6 +208,33 @@ def test_while_the_own_server_starts_the_plan_decides() -> None:
     assert fleet.free == {"1", "2", "3", "4"} and item.urls == ("http://127.0.0.1:8000/v1",)
 
 
+def test_while_the_own_server_starts_its_item_counts_no_server_yet() -> None:
+    """The built-in suites show the item's progress before its server is up: the server
+    that is starting is not counted as serving, and the time it takes is not a rate."""
+    fleet = Fleet({"1", "2", "3"})
+    progress: list[tuple[str, int, int] | None] = [("big", 0, 1000)]
+    clock = iter(float(t) for t in range(10_000))
+    replicas = ReplicaSet(
+        model="m",
+        urls=UrlSet(),
+        launch=fleet.launch,
+        claim=fleet.claim,
+        progress=lambda: progress[0],
+        start_s=60.0,
+        estimate={"big": 100.0}.get,
+        primary_ready=False,
+        poll_s=3600,
+        clock=lambda: next(clock),
+    )
+    # 100 s of work, all after the 60 s starts: 3 servers serve 33 s each (>= 30 s), 4 do not
+    assert replicas.step() == 2
+    assert replicas.step() == 0  # the own server and two replicas are starting: enough
+    replicas.primary_started(60.0)
+    progress[0] = ("big", 10, 1000)
+    assert replicas._meter.rate() is None  # no rate from the start's idle time
+    replicas.stop()
+
+
 def test_between_items_and_near_the_end_no_replica_starts() -> None:
     fleet = Fleet({"1"})
     urls = UrlSet(["http://127.0.0.1:8000/v1"])
@@ -424,10 +451,9 @@ def test_replicas_start_alongside_the_server_of_a_large_item(
     monkeypatch.setenv("FAKE_VLLM_START_S", "4")
     monkeypatch.setenv("FAKE_VLLM_LOG_PER_SERVER", "1")
     write_project(root, costs={"big": 1000, "small": 200})
-    result = pytester.runpytest_subprocess(
-        "benchmarks/", "--model", "m1", "-k", "big", "-n", "2", "--run-id", "r",
-        "-p", "no:cacheprovider",
-    )  # fmt: skip
+    result = pytester.runpytest_subprocess(  # with the cache: the duration memory is checked
+        "benchmarks/", "--model", "m1", "-k", "big", "-n", "2", "--run-id", "r"
+    )
     result.assert_outcomes(passed=1)
     servers = starts(fake_vllm)
     assert sorted(s["gpus"] for s in servers) == ["0", "1"], servers
@@ -443,6 +469,10 @@ def test_replicas_start_alongside_the_server_of_a_large_item(
     on_replica = logs[str(replica["gpus"])]
     assert len(on_replica) >= BIG // 3, {g: len(v) for g, v in logs.items()}
     assert min(r.start for r in on_replica) < first + 2.0  # there from the start
+    summary = json.loads((root / "runs" / "r" / "m1-big-seed0" / "summary.json").read_text())
+    assert summary["server_s"] > 1.3 * summary["duration_s"]  # its work on one server
+    remembered = json.loads((root / ".pytest_cache/v/modelbench/durations").read_text())
+    assert remembered == {"m1-big-seed0": summary["server_s"]}  # what the next plan uses
     for server in servers:  # no orphans
         with pytest.raises(ProcessLookupError):
             os.kill(server["pid"], 0)
@@ -460,7 +490,6 @@ def test_a_server_that_fails_to_start_takes_its_early_replicas_down_too(
     write_project(root, costs={"big": 1000, "small": 200})
     result = pytester.runpytest_subprocess(
         "benchmarks/", "--model", "m1", "-k", "big", "-n", "2", "--run-id", "r",
-        "-p", "no:cacheprovider",
     )  # fmt: skip
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
