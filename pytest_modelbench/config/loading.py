@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import typing
@@ -9,9 +10,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from pytest_modelbench.config.schema import (
@@ -24,6 +24,9 @@ from pytest_modelbench.config.schema import (
 )
 from pytest_modelbench.config.variants import expand_variants
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, shown_value
+
+if TYPE_CHECKING:
+    import yaml
 
 
 @dataclass(frozen=True)
@@ -66,19 +69,25 @@ class _TooDeep(Exception):
     """A document nests deeper than :data:`MAX_DEPTH`."""
 
 
-class _Loader(yaml.SafeLoader):
+@functools.cache
+def _loader() -> type[yaml.SafeLoader]:
     """``safe_load``'s loader, stopping at :data:`MAX_DEPTH` levels before recursing deeper."""
+    # lazily: a session without configuration files never reads YAML (pytest start-up)
+    import yaml
 
-    depth = 0
+    class _Loader(yaml.SafeLoader):
+        depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.depth >= MAX_DEPTH:
-            raise _TooDeep
-        self.depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.depth >= MAX_DEPTH:
+                raise _TooDeep
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return _Loader
 
 
 def read_yaml(path: Path) -> Any:
@@ -89,6 +98,9 @@ def read_yaml(path: Path) -> Any:
     :data:`MAX_DEPTH`, aliases that refer to themselves or expand past
     :data:`MAX_VALUES` values, and integers wider than :data:`MAX_INT_BITS` bits.
     """
+    # lazily: a session without configuration files never reads YAML (pytest start-up)
+    import yaml
+
     shown = display_path(path)
     try:
         raw = path.read_bytes()
@@ -103,7 +115,7 @@ def read_yaml(path: Path) -> Any:
             "save the file as UTF-8"
         ) from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no tags that run code
+        data = yaml.load(text, Loader=_loader())  # a SafeLoader: no tags that run code
     except _TooDeep:
         raise ModelbenchUsageError(
             f"{shown}: nested too deeply (more than {MAX_DEPTH} levels of mappings or lists)"

@@ -56,6 +56,9 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("reasoning", "string", "the model's thinking (null when it sent none)"),
 )
 COLUMN_NAMES = tuple(name for name, _, _ in COLUMNS)
+# made once: json.dumps with options builds an encoder per call (thousands per session end)
+_TEXT = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=str)
+_LINE = json.JSONEncoder(allow_nan=False)
 
 
 def _text(value: Any) -> str | None:
@@ -63,7 +66,7 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return _TEXT.encode(value)
 
 
 def _number(value: Any) -> float | None:
@@ -353,7 +356,7 @@ def write_parquet(
                     on_row(index, item, raw)
                 row = normal_row(run.run_id, item, raw)
                 pairs = [{"key": k, "value": v} for k, v in row["metrics"].items()]
-                line = json.dumps({**row, "metrics": pairs}, allow_nan=False).encode()
+                line = _LINE.encode({**row, "metrics": pairs}).encode()
                 batch.append(line + b"\n")
                 if len(batch) >= batch_rows:
                     writer.write_table(_arrow_table(batch, schema))

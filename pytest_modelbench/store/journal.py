@@ -26,10 +26,12 @@ from pytest_modelbench.store.files import (
 )
 
 HELD_BYTES = 4 << 20  # Journal.latest parses a journal this small once and holds its rows
+# made once: json.dumps with options builds an encoder per call, once per example here
+_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=str)
 
 
 def _dumps(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)
+    return _ENCODER.encode(data)
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[str, int]:

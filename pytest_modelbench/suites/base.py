@@ -18,7 +18,7 @@ from typing import Any
 from pytest_modelbench.suites.args import Arg, parse_env_args
 from pytest_modelbench.suites.contract import JSON, Example, Score
 from pytest_modelbench.suites.selection import LazyExamples
-from pytest_modelbench.suites.vendored import Record, checksum, load_jsonl
+from pytest_modelbench.suites.vendored import Record, Records, checksum, load_jsonl
 
 CACHE_SIZE = 8
 
@@ -104,11 +104,11 @@ class BuiltinSuite(ABC):
         return built
 
     @property
-    def records(self) -> tuple[Record, ...]:
+    def records(self) -> Records:
         return load_jsonl(self.data_file)
 
     @property
-    def fewshot(self) -> tuple[Record, ...]:
+    def fewshot(self) -> Sequence[Record]:
         return load_jsonl(self.fewshot_file) if self.fewshot_file else ()
 
     @cached_property

@@ -144,18 +144,29 @@ class MultipleChoiceSuite(BuiltinSuite):
         ]
 
     def selected(self, args: Mapping[str, Any]) -> list[Record]:
+        """The records of the wanted subjects, in file order."""
+        records = self.records
+        return [records[index] for index in self._selected_indexes(args)]
+
+    def _selected_indexes(self, args: Mapping[str, Any]) -> Sequence[int]:
+        """Positions of :meth:`selected`'s records, read from the subject column alone."""
         wanted = args.get("subjects") or self.default_subjects
         if not wanted:
-            return list(self.records)
+            return range(len(self.records))
         keep = set(wanted)
-        return [r for r in self.records if r.get(self.subject_field) in keep]
+        subjects = self.records.column(self.subject_field)
+        return [index for index, subject in enumerate(subjects) if subject in keep]
 
     def build(self, args: Mapping[str, Any], seed: int) -> LazyExamples[Example]:
-        """Made on use: ``--num-examples`` formats only the prompts it runs."""
+        """Made on use: ``--num-examples`` parses and formats only the records it runs."""
         shuffle_seed = args["shuffle_seed"] if args["shuffle_seed"] is not None else seed
-        records = self.selected(args)
-        strata = [str(record.get(self.subject_field)) for record in records]  # meta["subject"]
-        return LazyExamples(strata, lambda index: self._example(records[index], args, shuffle_seed))
+        records = self.records
+        indexes = self._selected_indexes(args)
+        subjects = records.column(self.subject_field)
+        strata = [str(subjects[index]) for index in indexes]  # meta["subject"]
+        return LazyExamples(
+            strata, lambda at: self._example(records[indexes[at]], args, shuffle_seed)
+        )
 
     def _example(self, record: Record, args: Mapping[str, Any], shuffle_seed: int) -> Example:
         options = list(record["options"])
@@ -242,10 +253,11 @@ class MMLU(MultipleChoiceSuite):
 
     @cached_property
     def _by_subject(self) -> dict[str, list[Record]]:
+        records = self.records
         groups: dict[str, list[Record]] = {}
-        for record in self.records:
-            if len(groups.get(str(record["subject"]), ())) < self.max_fewshot + 1:
-                groups.setdefault(str(record["subject"]), []).append(record)
+        for index, subject in enumerate(records.column("subject")):
+            if len(groups.get(str(subject), ())) < self.max_fewshot + 1:
+                groups.setdefault(str(subject), []).append(records[index])
         return groups
 
 
