@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -477,3 +478,50 @@ def test_node_lost_mid_run_fails_only_its_own_items(
     for item in finished:
         rows = (root / "shared" / "runs" / "sweep" / item / "results.jsonl").read_text()
         assert len(rows.splitlines()) == EXAMPLES
+
+
+@pytest.mark.slow
+def test_an_idle_ssh_node_serves_the_item_running_on_the_other(
+    pytester: pytest.Pytester,
+    fake_vllm: Path,
+    ssh_nodes: dict[str, Node],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replicas across nodes over real ssh: one large item, two nodes of two workers. The
+    workers of the other node find the controller's exchange where their ssh session came
+    from (``$SSH_CONNECTION``), start the item's model on their own GPUs, and answer a share
+    of its requests; every example is asked once and nothing is left running."""
+    from tests.serving.test_replicas import BIG, write_project
+
+    root = pytester.path
+    write_project(root, costs={"big": 1000, "small": 200})
+    extra = "//env:FAKE_VLLM_LATENCY=0.1//env:FAKE_VLLM_SLOTS=4//env:FAKE_VLLM_LOG_PER_SERVER=1"
+    specs: list[str] = []
+    for host in HOSTS:
+        flag, spec = tx(root, host)
+        specs += [flag, spec + extra]
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load", *specs,
+        "--run-id", "r", "-p", "no:cacheprovider", timeout=180,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    servers = starts(fake_vllm)
+    keeper = servers[0]  # the first to start: the item's own
+    others = [s for s in servers if s["host"] != keeper["host"]]
+    assert others, servers  # the other node served it too
+    assert all(s["gpus"] in HOSTS[s["host"]] for s in servers)  # each on its own node's GPU
+    big = {s["gpus"]: [r for r in requests_of(root, s["gpus"]) if "big" in r.key] for s in servers}
+    assert sum(map(len, big.values())) == BIG  # every example once
+    assert sum(len(big[s["gpus"]]) for s in others) >= BIG // 10, {
+        g: len(v) for g, v in big.items()
+    }
+    for server in servers:  # no orphans, on either node
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)
+
+
+def requests_of(root: Path, gpu: str) -> list[Any]:
+    from pytest_modelbench.testing import read_log
+
+    path = root / f"requests-gpu{gpu}.jsonl"
+    return read_log(path) if path.exists() else []
