@@ -71,18 +71,7 @@ class Router:
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=run_forever, args=(loop,), name="modelbench-router", daemon=True
-                )
-                thread.start()
-                try:
-                    asyncio.run_coroutine_threadsafe(self._serve(), loop).result(timeout=30)
-                except BaseException:
-                    loop.call_soon_threadsafe(loop.stop)
-                    thread.join(timeout=30)
-                    raise
-                self._loop, self._thread = loop, thread
+                self._loop, self._thread = start_loop("modelbench-router", self._serve)
             return self._loop
 
     async def _serve(self) -> None:
@@ -101,11 +90,7 @@ class Router:
             self._loop = self._thread = None
         if loop is None or thread is None:
             return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=30)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=30)
+        stop_loop(loop, thread, self._shutdown)
 
     async def _shutdown(self) -> None:
         pools = list(self._mounts.values())
@@ -247,6 +232,36 @@ def loopback_direct() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def start_loop(
+    name: str, setup: Callable[[], Coroutine[Any, Any, object]]
+) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """A new event loop in a daemon thread, returned once ``setup()`` has run on it (a
+    failure is raised here, and the loop stopped)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=run_forever, args=(loop,), name=name, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(setup(), loop).result(timeout=30)
+    except BaseException:
+        stop_loop(loop, thread)
+        raise
+    return loop, thread
+
+
+def stop_loop(
+    loop: asyncio.AbstractEventLoop,
+    thread: threading.Thread,
+    shutdown: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Run ``shutdown()`` on a loop of :func:`start_loop`, then stop it and its thread."""
+    try:
+        if shutdown is not None:
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
 
 
 def run_forever(loop: asyncio.AbstractEventLoop) -> None:

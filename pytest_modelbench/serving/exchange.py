@@ -331,20 +331,9 @@ class Exchange:
 
     def start(self) -> None:
         # lazily: only multi-node sessions serve the exchange
-        from pytest_modelbench.running.router import run_forever
+        from pytest_modelbench.running.router import start_loop
 
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=run_forever, args=(loop,), name="modelbench-exchange", daemon=True
-        )
-        thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(self._serve(), loop).result(timeout=30)
-        except BaseException:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=30)
-            raise
-        self._loop, self._thread = loop, thread
+        self._loop, self._thread = start_loop("modelbench-exchange", self._serve)
 
     def workerinput(self, spec: str) -> dict[str, Any]:
         """What the workers of ``--tx`` spec ``spec`` need to call it (sent over xdist's
@@ -432,20 +421,17 @@ class Exchange:
         raise KeyError(f"no call {name!r}")
 
     def close(self) -> None:
+        # lazily: only multi-node sessions serve the exchange
+        from pytest_modelbench.running.router import stop_loop
+
         loop, thread = self._loop, self._thread
         self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
+        if loop is not None and thread is not None:
+            stop_loop(loop, thread, self._shutdown)
 
-        async def shutdown() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 def _url(host: str, port: int) -> str:

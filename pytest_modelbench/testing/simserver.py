@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pytest_modelbench.running.router import run_forever
+from pytest_modelbench.running.router import start_loop, stop_loop
 from pytest_modelbench.testing import wire
 from pytest_modelbench.testing.cli import build_parser, config_from_args
 from pytest_modelbench.testing.faults import FaultKind, Faults, Latency
@@ -239,34 +239,15 @@ class SimServer:
         """Serve from a background thread with its own event loop; returns once bound."""
         if self._thread is not None:
             raise RuntimeError("SimServer is already running")
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=run_forever, args=(loop,), name="modelbench-simserver", daemon=True
-        )
-        thread.start()
-        self._loop, self._thread = loop, thread
-        try:
-            asyncio.run_coroutine_threadsafe(self.astart(), loop).result(timeout=30)
-        except BaseException:
-            self._halt_thread()
-            raise
+        self._loop, self._thread = start_loop("modelbench-simserver", self.astart)
         return self
 
     def stop(self) -> None:
         """Stop a server started with :meth:`start` (in flight requests get dropped)."""
-        if self._loop is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self.astop(), self._loop).result(timeout=30)
-        finally:
-            self._halt_thread()
-
-    def _halt_thread(self) -> None:
         loop, thread = self._loop, self._thread
         self._loop = self._thread = None
         if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=30)
+            stop_loop(loop, thread, self.astop)
 
     def __enter__(self) -> SimServer:
         return self.start()
