@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.reporting.model import RunNotFound, list_runs, load_run, resolve_run
+from pytest_modelbench.secrets import masked_url
 from pytest_modelbench.store.files import read_json
 from pytest_modelbench.store.runstore import MANIFEST
 
@@ -315,6 +316,12 @@ def fetch_models(base_url: str, api_key: str | None, timeout: float) -> list[dic
     """``GET <base_url>/models`` of an OpenAI-compatible server; CliError naming the fix."""
     if not base_url.startswith(("http://", "https://")):
         raise CliError(f"--api-base-url: expected http(s)://host:port/v1, got {base_url!r}")
+    masked = masked_url(base_url)
+    if masked is not None:  # never sent, never echoed: the same rule as the plugin's
+        raise CliError(
+            f"--api-base-url {masked} carries credentials, which are not sent; put the key "
+            "in an environment variable and name it with --api-key-var"
+        )
     url = base_url.rstrip("/") + "/models"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if api_key:

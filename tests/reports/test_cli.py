@@ -42,6 +42,10 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
             ["models", "--api-base-url", "http://127.0.0.1:9/v1"],
             "cannot reach http://127.0.0.1:9/v1/models",
         ),
+        (
+            ["models", "--api-base-url", "http://me:sk-SECRET123@127.0.0.1:9/v1"],
+            "--api-base-url http://***@127.0.0.1:9/v1 carries credentials",
+        ),
         (["export", "x", "--format", "xml"], "invalid choice: 'xml'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
@@ -53,6 +57,7 @@ def test_bad_input_is_one_clear_line_and_status_2(
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    assert "SECRET123" not in result.stderr + result.stdout
 
 
 def test_models_lists_what_the_endpoint_serves(
