@@ -22,16 +22,16 @@ from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.suites import BUILTIN_SUITES
 
 
-def _builtin_factories() -> dict[str, Callable[[], Any]]:
-    factories: dict[str, Callable[[], Any]] = {}
-    factories.update(BUILTIN_SUITES)
-    factories["jsonl"] = JsonlSuite
-    return factories
+def _builtin_factory(module: str) -> Callable[[], Any] | None:
+    """The factory of a built-in suite or ``jsonl``; only that suite's module is imported."""
+    if module == "jsonl":
+        return JsonlSuite
+    return BUILTIN_SUITES.get(module)
 
 
 def known_module_names() -> list[str]:
     """Names accepted as ``module:`` (built-in suites plus the prefixed backends)."""
-    return [*sorted(_builtin_factories()), "verifiers:<env_id>", "lm_eval:<task>"]
+    return [*sorted([*BUILTIN_SUITES, "jsonl"]), "verifiers:<env_id>", "lm_eval:<task>"]
 
 
 _BACKEND_CACHE: dict[str, Backend] = {}
@@ -94,10 +94,10 @@ def resolve_builtin(module: str) -> Backend | None:
     if ":" in module:
         backend = _resolve_prefixed(module)
     else:
-        factories = _builtin_factories()
-        if module not in factories:
+        factory = _builtin_factory(module)
+        if factory is None:
             return None
-        backend = SolutionsOrSuite(SuiteBackend(factories[module]()))
+        backend = SolutionsOrSuite(SuiteBackend(factory()))
     if backend is not None:
         _BACKEND_CACHE[module] = backend
     return backend

@@ -191,3 +191,64 @@ def test_simulated_model_with_accuracy_p_scores_p(name: str) -> None:
 def test_aggregate_extra_is_empty_for_single_answer_suites() -> None:
     assert aggregate_extra(load_suite("gsm8k"), {"a": [{"accuracy": 1.0}]}) == {}
     assert aggregate_extra(load_suite("humaneval"), {"a": [{"pass@1": 1.0}] * 2}) == {"pass@2": 1.0}
+
+
+def test_registry_gives_each_modules_own_class() -> None:
+    """Looked up lazily, a name gives the class its module defines (the scoring pool's
+    ``BUILTIN_SUITES.get(name) is type(suite)`` check relies on it)."""
+    from pytest_modelbench.suites import coding, gsm8k, math500, multiple_choice, pubmedqa
+
+    assert dict(BUILTIN_SUITES) == {
+        "gsm8k": gsm8k.GSM8K,
+        "math500": math500.MATH500,
+        "medqa": multiple_choice.MedQA,
+        "medmcqa": multiple_choice.MedMCQA,
+        "pubmedqa": pubmedqa.PubMedQA,
+        "mmlu": multiple_choice.MMLU,
+        "mmlu-medical": multiple_choice.MMLUMedical,
+        "humaneval": coding.HumanEval,
+        "mbpp": coding.MBPP,
+    }
+    assert BUILTIN_SUITES.get("mmlu") is type(load_suite("mmlu"))
+    assert BUILTIN_SUITES.get("nope") is None and "nope" not in BUILTIN_SUITES
+    with pytest.raises(KeyError):
+        BUILTIN_SUITES["nope"]
+
+
+LOOKUP = """
+import sys
+from pytest_modelbench.backends.registry import known_module_names, resolve_builtin
+from pytest_modelbench.running.scoring import in_process_pool
+names = known_module_names()
+backend = resolve_builtin("mmlu")
+assert backend is not None and resolve_builtin("nope") is None
+loaded = sorted(
+    m for m in sys.modules
+    if m.startswith(("pytest_modelbench.suites.", "pytest_modelbench.sandbox"))
+)
+print("NAMES:" + ",".join(names))
+print("LOADED:" + ",".join(loaded))
+"""
+
+
+def test_resolving_one_suite_imports_only_its_module() -> None:
+    """A session that runs mmlu does not import the other suites, nor the code suites'
+    sandbox (start-up time)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", LOOKUP], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(":", 1) for line in out.stdout.splitlines() if ":" in line)
+    assert lines["NAMES"].split(",") == [
+        *sorted([*BUILTIN_SUITES, "jsonl"]),
+        "verifiers:<env_id>",
+        "lm_eval:<task>",
+    ]
+    loaded = set(lines["LOADED"].split(","))
+    assert "pytest_modelbench.suites.multiple_choice" in loaded
+    assert not {m for m in loaded if m.startswith("pytest_modelbench.sandbox")}
+    others = {"coding", "gsm8k", "math500", "pubmedqa"}
+    assert not {m for m in loaded if m.rsplit(".", 1)[-1] in others}
