@@ -6,23 +6,24 @@ exchange, and a worker with nothing left to run on one node can serve the model 
 still running on another:
 
 * the **keeper** (the worker running an item of a served model) says, at every replica step,
-  how many more servers of its launch would pay beyond what its own node gives (``want``);
-  the answer carries the servers that became ready for it, and those that died;
+  how many servers from other nodes would pay, counting those they are starting for it
+  (``want``); the answer carries the servers that became ready for it, and those that died;
 * a **helper** (a worker at its end, its GPUs still claimed) asks for work (``serve``): one
   unit of a want from another node whose launch fits its GPUs. It asks again every second
   while a keeper runs or a worker that may become one has not ended (the controller tells
   the exchange which workers it set up and which went down), and gives its GPUs back at once
-  when a keeper of its own node wants servers. It starts that launch on its
-  own GPUs, listening on its node's network and requiring the session's server key, and
-  offers it (``offer``); the exchange records the URL with the address the helper called
-  from. The helper then reports every second (``lease``) until the keeper releases it;
+  when a keeper of its own node wants servers. It starts the launch on its own GPUs,
+  listening on its node's network and requiring the session's server key, and offers it
+  (``offer``); the exchange records the URL with the address the helper called from. The
+  helper then reports every second (``lease``) until the keeper releases it;
 * a helper whose own server already holds a running item's launch **lends** it as it is (no
   start): in a session with an exchange, workers' servers listen on their node's network and
   require the session's server key from the start;
 * the keeper adopts the server like a lent one and **releases** it when its model is done.
 
 A keeper that stops calling for ``SILENT_S`` is taken as gone: its leases are released. A
-helper that stops calling is taken as dead, and so is its server. Every call carries the
+helper that stops calling for as long is taken as dead, and so is its server (a start may
+take its launch's timeout first). Every call carries the
 session's token (a bearer header); the controller listens on loopback unless a node is
 reached over the network.
 """
