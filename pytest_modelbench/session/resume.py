@@ -5,10 +5,15 @@ directory resumable. This module registers the controller-side plugins that
 span sessions: checking ``--restart OLD_RUN`` before anything runs, and
 keeping every item's duration (``scheduling/durations.py``), its tokens per
 example (``scheduling/tokens.py``) and pytest's ``--lf`` record current as
-items finish rather than at session end.
+items finish rather than at session end. The memories are rewritten whole, so
+they are written at most every ``FLUSH_S`` seconds (and at session end): a
+10k-item session does not write 10k copies of a 10k-entry file.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -21,15 +26,20 @@ from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runstore import resolve_run_ref
 from pytest_modelbench.workers import is_worker
 
+FLUSH_S = 2.0  # the memories are written at most this often while items finish
+
 
 class ResumePlugin:
     """Controller-side: checks ``--restart`` before anything runs and remembers item durations
     and tokens per example."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._durations: dict[str, float] | None = None
         self._tokens: dict[str, ObservedTokens] | None = None
+        self._clock = clock
+        self._dirty: set[str] = set()  # memories changed since they were last written
+        self._flushed = float("-inf")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self) -> None:
@@ -61,10 +71,26 @@ class ResumePlugin:
         seconds = self._work_on_one_server(item_id, float(seconds))
         if self._durations is None:
             self._durations = read_durations(self.config)
-        if self._durations.get(item_id) == seconds:
+        if self._durations.get(item_id) != seconds:
+            self._durations[item_id] = float(seconds)
+            self._dirty.add("durations")
+        self._flush(force=False)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        self._flush(force=True)
+
+    def _flush(self, *, force: bool) -> None:
+        """Write the memories that changed, at most every ``FLUSH_S`` unless ``force``."""
+        now = self._clock()
+        if not self._dirty or (not force and now - self._flushed < FLUSH_S):
             return
-        self._durations[item_id] = float(seconds)
-        write_durations(self.config, self._durations)
+        if "durations" in self._dirty and self._durations is not None:
+            write_durations(self.config, self._durations)
+        if "tokens" in self._dirty and self._tokens is not None:
+            write_tokens(self.config, self._tokens)
+        self._dirty.clear()
+        self._flushed = now
 
     def _work_on_one_server(self, item_id: str, seconds: float) -> float:
         """The item's duration as the scheduler plans it: replicas shortened its wall time
@@ -94,7 +120,7 @@ class ResumePlugin:
         if self._tokens.get(item_id) == observed:
             return
         self._tokens[item_id] = observed
-        write_tokens(self.config, self._tokens)
+        self._dirty.add("tokens")
 
 
 def register(config: pytest.Config) -> None:
