@@ -28,6 +28,7 @@ from pytest_modelbench.running.pool import (
     Malformed,
     RequestFailed,
     RetryPolicy,
+    error_code,
     error_text,
     unusable,
 )
@@ -126,19 +127,6 @@ def _count(value: Any) -> int | None:
     return None
 
 
-def _error_code(error: Any) -> int | None:
-    """The HTTP-like code of an error object (``code`` or ``status``, a number or its text)."""
-    if not isinstance(error, dict):
-        return None
-    for name in ("code", "status"):
-        value = error.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
-    return None
-
-
 def _error_body(data: Any, response: Response, where: str) -> Exception | None:
     """For a 200 whose body is an error rather than a completion (a gateway's way to fail):
     :class:`Malformed` to retry when its code is one the pool retries, else the final
@@ -146,7 +134,7 @@ def _error_body(data: Any, response: Response, where: str) -> Exception | None:
     if not isinstance(data, dict) or "choices" in data or not data.get("error"):
         return None
     text = error_text(response.body)
-    code = _error_code(data["error"])
+    code = error_code(data["error"])
     if code is not None and (code in RETRY_STATUSES or code >= 500):
         return Malformed(
             f"error {code} in a 200 response", f"HTTP 200 from {where} with error {code}: {text}"

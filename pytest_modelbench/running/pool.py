@@ -152,6 +152,35 @@ def error_text(body: bytes) -> str:
         return redact(body[:300].decode("utf-8", "replace"))
 
 
+def error_code(error: Any) -> int | None:
+    """The HTTP-like code of an error object (``code`` or ``status``, a number or its text)."""
+    if not isinstance(error, dict):
+        return None
+    for name in ("code", "status"):
+        value = error.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def error_status(body: bytes) -> int | None:
+    """For a 200 whose body is an error rather than an answer (``{"error": ...}`` without
+    ``choices``, a gateway's way to fail): the status it stands for (its own ``code`` when that
+    is an HTTP error status, else 502); None for any other body."""
+    if b'"error"' not in body or not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or "choices" in data or not data.get("error"):
+        return None
+    code = error_code(data["error"])
+    return code if code is not None and 400 <= code < 600 else 502
+
+
 def unusable(response: Response, where: str) -> RequestFailed:
     """The final failure for a response no retry changes (a 4xx, a redirect)."""
     status = response.status

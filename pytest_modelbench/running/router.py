@@ -5,7 +5,10 @@ router instead of the first configured URL: ``http://127.0.0.1:PORT/<token>/v1``
 requests go through an :class:`~.pool.EndpointPool` (least-busy routing over the live
 :class:`~.pool.UrlSet`, the breaker, retries, dead-endpoint detection, the API key and the
 item's ``extra_headers``, which win over the tool's own headers of the same name), so an
-endpoint list and replicas joining mid-item work for every backend. Server-sent events
+endpoint list and replicas joining mid-item work for every backend. A 200 whose body is an
+error (``{"error": ...}``, as some gateways answer) reaches the tool with the error's status,
+so lm-eval and the verifiers harnesses report the server's message instead of a missing
+``choices``. Server-sent events
 (verifiers asks for streamed chat completions) pass through chunk by chunk.
 
 One router per process (an xdist worker), an ``aiohttp.web`` server on 127.0.0.1 in a daemon
@@ -26,7 +29,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from pytest_modelbench.running.pool import EndpointPool, RequestFailed, Stream
+from pytest_modelbench.running.pool import EndpointPool, RequestFailed, Stream, error_status
 
 T = TypeVar("T")
 
@@ -180,8 +183,9 @@ class Router:
             async with pool.exchange(request.method, path, body, headers=headers) as reply:
                 if isinstance(reply, Stream):
                     return await _relay(request, reply)
+                failed = error_status(reply.body) if reply.status == 200 else None
                 return web.Response(
-                    status=reply.status,
+                    status=failed or reply.status,  # a 200 that is an error: the tool sees one
                     body=reply.body,
                     headers={"Content-Type": reply.headers.get("Content-Type", "application/json")},
                 )

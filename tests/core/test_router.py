@@ -164,3 +164,26 @@ def test_the_answer_is_the_whole_body_when_not_streamed() -> None:
             return (await post(f"{base}/chat/completions", chat("q")))[2]
 
     assert json.loads(asyncio.run(go()))["choices"][0]["message"]["content"] == big
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [({"message": "model x not allowed", "code": 403}, 403), ({"message": "oops"}, 502)],
+)
+def test_a_200_that_is_an_error_reaches_the_tool_as_one(error: dict[str, Any], status: int) -> None:
+    """A gateway's 200 with an error body: lm-eval and verifiers read a status, not the body,
+    so the router gives them the error's own (else 502) with the server's message."""
+    failing = json.dumps({"error": error}).encode()
+
+    def gateway(seen: Seen) -> bytes:
+        return http(MODELS) if seen.target.endswith("/models") else http(failing)
+
+    async def go() -> tuple[int, str, bytes]:
+        async with (
+            RawServer(gateway) as server,
+            endpoint(server.url()).asingle_url(timeout_s=5, max_retries=0) as base,
+        ):
+            return await post(f"{base}/chat/completions", chat("q"))
+
+    got, _, body = asyncio.run(go())
+    assert got == status and json.loads(body)["error"]["message"] == error["message"]
