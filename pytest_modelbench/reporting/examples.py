@@ -20,7 +20,7 @@ from html import escape
 from typing import Any
 
 from pytest_modelbench.reporting.model import ItemRecord, RunData
-from pytest_modelbench.reporting.rows import item_rows, row_score
+from pytest_modelbench.reporting.rows import item_rows, score_of
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 OUTCOMES = ("right", "wrong", "error", "truncated")
@@ -94,14 +94,20 @@ def example_record(
     ``tk`` [prompt, completion, reasoning] tokens, ``l`` latency s, ``f`` finish reason,
     ``e`` error.
     """
-    score = row_score(item, row)
+    return {"i": index, **record_fields(row, item.metric, clip)}
+
+
+def record_fields(
+    row: Mapping[str, Any], metric: str, clip: int | None = MAX_FIELD
+) -> dict[str, Any]:
+    """:func:`example_record` without the item's index (``metric``: the item's)."""
+    score = score_of(row, metric)
     raw_tokens = row.get("tokens")
     tokens: Mapping[str, Any] = raw_tokens if isinstance(raw_tokens, Mapping) else {}
     gold = gold_view(row.get("gold"))
     if "text" in gold:
         gold["text"] = _clip(gold["text"], clip)
     return {
-        "i": index,
         "id": str(row.get("example_id")),
         "r": _int_or_none(row.get("rollout")) or 0,
         "o": outcome_of(row, score),
@@ -120,6 +126,18 @@ def example_record(
         "f": _text(row.get("finish_reason")),
         "e": _text(row.get("error")),
     }
+
+
+def record_text(row: Mapping[str, Any], metric: str) -> str:
+    """The row's embedded record as JSON, without the item's index (:func:`indexed` adds it:
+    the index is known only once the run's items are)."""
+    return _COMPACT.encode(record_fields(row, metric))
+
+
+def indexed(index: int, text: str) -> str:
+    """:func:`record_text` with the item's index in front: ``_COMPACT.encode`` of
+    :func:`example_record`, character for character."""
+    return f'{{"i":{index},{text[1:]}'
 
 
 def item_meta(run: RunData) -> list[dict[str, Any]]:
@@ -212,7 +230,10 @@ class _Packer:
         self._pending_len = 0
 
     def add(self, record: Mapping[str, Any]) -> None:
-        text = _COMPACT.encode(record)
+        self.add_text(_COMPACT.encode(record))
+
+    def add_text(self, text: str) -> None:
+        """One record already encoded (compactly, as :meth:`add` encodes it)."""
         self._pending.append(("," if self.count else "") + text)
         self._pending_len += len(self._pending[-1])
         self.count += 1
@@ -278,11 +299,15 @@ class EmbeddedExamples:
         self._too_large: TooLarge | None = None
         self.packed: tuple[str, int] | TooLarge | None = None
 
-    def add(self, index: int, item: ItemRecord, row: Mapping[str, Any]) -> None:
+    def add(
+        self, index: int, item: ItemRecord, row: Mapping[str, Any], record: str | None = None
+    ) -> None:
+        """One row; ``record``: its :func:`record_text`, when made while the item ran."""
         if self._too_large is not None:
             return
+        text = record if record is not None else record_text(row, item.metric)
         try:
-            self._packer.add(example_record(index, item, row))
+            self._packer.add_text(indexed(index, text))
         except TooLarge as exc:
             self._too_large = exc
 

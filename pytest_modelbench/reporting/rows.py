@@ -16,7 +16,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,28 +89,29 @@ def _optional_int(value: Any) -> int | None:
 
 def row_score(item: ItemRecord, row: Mapping[str, Any]) -> float | None:
     """The example's primary score (``score``, else ``metrics[item.metric]``); None if errored."""
+    return score_of(row, item.metric)
+
+
+def score_of(row: Mapping[str, Any], metric: str) -> float | None:
+    """:func:`row_score` with the item's metric given by name."""
     if row.get("error"):
         return None
     score = _number(row.get("score"))
     if score is None:
         metrics = row.get("metrics")
         if isinstance(metrics, Mapping):
-            score = _number(metrics.get(item.metric))
+            score = _number(metrics.get(metric))
     return score
 
 
 def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[str, Any]:
     """One journal row in the normalised schema (missing fields become null)."""
-    raw_metrics = row.get("metrics") or {}
-    metrics = (
-        {str(k): v for k, v in ((k, _number(v)) for k, v in raw_metrics.items()) if v is not None}
-        if isinstance(raw_metrics, Mapping)
-        else {}
-    )
-    error = row.get("error")
-    score = row_score(item, row)
-    raw_tokens = row.get("tokens")
-    tokens: Mapping[str, Any] = raw_tokens if isinstance(raw_tokens, Mapping) else {}
+    columns = {**item_columns(run_id, item), **row_columns(row, item.metric)}
+    return {name: columns[name] for name in COLUMN_NAMES}
+
+
+def item_columns(run_id: str, item: ItemRecord) -> dict[str, Any]:
+    """The columns every row of ``item`` shares."""
     return {
         "schema_version": PARQUET_SCHEMA_VERSION,
         "run_id": run_id,
@@ -120,10 +121,26 @@ def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[st
         "variant": item.variant,
         "module": item.module or None,
         "seed": item.seed,
+        "metric": item.metric or None,
+    }
+
+
+def row_columns(row: Mapping[str, Any], metric: str) -> dict[str, Any]:
+    """The columns of one journal row; ``metric`` (the item's) scores a row without a
+    ``score`` of its own."""
+    raw_metrics = row.get("metrics") or {}
+    metrics = (
+        {str(k): v for k, v in ((k, _number(v)) for k, v in raw_metrics.items()) if v is not None}
+        if isinstance(raw_metrics, Mapping)
+        else {}
+    )
+    error = row.get("error")
+    raw_tokens = row.get("tokens")
+    tokens: Mapping[str, Any] = raw_tokens if isinstance(raw_tokens, Mapping) else {}
+    return {
         "example_id": str(row.get("example_id")),
         "rollout": _optional_int(row.get("rollout")) or 0,
-        "metric": item.metric or None,
-        "score": score,
+        "score": score_of(row, metric),
         "metrics": metrics,
         "prompt_tokens": _optional_int(tokens.get("prompt")),
         "completion_tokens": _optional_int(tokens.get("completion")),
@@ -138,6 +155,29 @@ def normal_row(run_id: str, item: ItemRecord, row: Mapping[str, Any]) -> dict[st
         "gold": _text(row.get("gold")),
         "extracted": _text(row.get("extracted")),
     }
+
+
+def needs_metric(row: Mapping[str, Any]) -> bool:
+    """Whether the row's score depends on its item's metric (it has no ``score`` of its own)."""
+    return not row.get("error") and _number(row.get("score")) is None
+
+
+def row_line(row: Mapping[str, Any], metric: str) -> bytes:
+    """The row's columns as the JSON object :func:`parquet_line` completes."""
+    columns = row_columns(row, metric)
+    columns["metrics"] = [{"key": k, "value": v} for k, v in columns["metrics"].items()]
+    return _LINE.encode(columns).encode()
+
+
+def item_line(run_id: str, item: ItemRecord) -> bytes:
+    """The item's columns as JSON members (no braces) for :func:`parquet_line`."""
+    return _LINE.encode(item_columns(run_id, item)).encode()[1:-1]
+
+
+def parquet_line(item_part: bytes, row_part: bytes) -> bytes:
+    """One JSON line of Arrow's reader: the item's members, then the row's (the reader
+    matches columns by name, so their order is free)."""
+    return b"{" + item_part + b", " + row_part[1:] + b"\n"
 
 
 def item_rows(run: RunData, item: ItemRecord) -> Iterator[dict[str, Any]]:
@@ -253,8 +293,21 @@ def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example
     return picker.examples(run.run_id)
 
 
-RowSink = Callable[[int, ItemRecord, Mapping[str, Any]], None]
-"""Called with (the item's index in the run, the item, its journal row) for every row."""
+@dataclass(frozen=True)
+class PreparedRow:
+    """A journal row with what session end makes of it: made while its item runs
+    (:mod:`pytest_modelbench.reporting.digest`), or at session end from the file."""
+
+    row: Mapping[str, Any]
+    line: bytes  # row_line(row, the item's metric)
+    record: str | None = None  # its report record without the item's index, when made early
+
+
+RowSink = Callable[[int, ItemRecord, Mapping[str, Any], "str | None"], None]
+"""Called with (the item's index in the run, the item, its journal row, the row's report
+record when made early) for every row."""
+Prepared = Callable[[ItemRecord], "Iterable[PreparedRow] | None"]
+"""An item's rows made while it ran (in :meth:`Journal.latest` order), or None: read them."""
 
 
 class ParquetUnavailable(Exception):
@@ -306,6 +359,7 @@ def write_parquet_if_changed(
     path: Path,
     pickers: Mapping[str, FailingPicker] | None = None,
     on_row: RowSink | None = None,
+    prepared: Prepared | None = None,
 ) -> bool:
     """Write ``results.parquet`` unless it was written from the same inputs (kept in a sidecar
     file); True when written (and ``pickers`` and ``on_row`` saw every row). A finished run
@@ -317,7 +371,7 @@ def write_parquet_if_changed(
             return False
     except OSError:
         pass
-    write_parquet(run, path, pickers=pickers, on_row=on_row)
+    write_parquet(run, path, pickers=pickers, on_row=on_row, prepared=prepared)
     tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
     tmp.write_text(key)
     os.replace(tmp, sidecar)
@@ -330,10 +384,12 @@ def write_parquet(
     batch_rows: int = 10_000,
     pickers: Mapping[str, FailingPicker] | None = None,
     on_row: RowSink | None = None,
+    prepared: Prepared | None = None,
 ) -> int:
     """Write every example row to ``path`` atomically; returns the number of rows. Each
     item's rows also go to its picker in ``pickers`` and to ``on_row`` with the item's index
-    (the HTML report's failing and embedded examples, read in the same pass).
+    (the HTML report's failing and embedded examples, read in the same pass); ``prepared``
+    gives the rows of items that were made while they ran.
 
     Rows reach Arrow through its JSON reader, not ``pa.array`` / ``Table.from_pylist``: those
     import pandas to look for pandas objects (about 0.45 s on every run's write path).
@@ -349,15 +405,13 @@ def write_parquet(
         batch: list[bytes] = []
         for index, item in enumerate(run.items):
             picker = (pickers or {}).get(item.item_id)
-            for raw in item_rows(run, item):
+            item_part = item_line(run.run_id, item)
+            for ready in _prepared_rows(run, item, prepared):
                 if picker is not None:
-                    picker.add(raw)
+                    picker.add(ready.row)
                 if on_row is not None:
-                    on_row(index, item, raw)
-                row = normal_row(run.run_id, item, raw)
-                pairs = [{"key": k, "value": v} for k, v in row["metrics"].items()]
-                line = _LINE.encode({**row, "metrics": pairs}).encode()
-                batch.append(line + b"\n")
+                    on_row(index, item, ready.row, ready.record)
+                batch.append(parquet_line(item_part, ready.line))
                 if len(batch) >= batch_rows:
                     writer.write_table(_arrow_table(batch, schema))
                     count += len(batch)
@@ -371,6 +425,15 @@ def write_parquet(
             writer.write_table(pa.Table.from_batches([], schema=schema))
     os.replace(tmp, path)
     return count
+
+
+def _prepared_rows(
+    run: RunData, item: ItemRecord, prepared: Prepared | None
+) -> Iterable[PreparedRow]:
+    ready = prepared(item) if prepared is not None else None
+    if ready is not None:
+        return ready
+    return (PreparedRow(row, row_line(row, item.metric)) for row in item_rows(run, item))
 
 
 def _arrow_table(lines: list[bytes], schema: Any) -> Any:

@@ -8,6 +8,7 @@ when ``--html`` is given, and at session end writes ``report.html``,
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import uuid
@@ -23,6 +24,7 @@ from pytest_modelbench.running.progress import PROGRESS_SINK, FileProgress, Reco
 from pytest_modelbench.workers import WORKER_PROGRESS_DIR, is_worker, worker_input
 
 if TYPE_CHECKING:
+    from pytest_modelbench.reporting.digest import Digests
     from pytest_modelbench.store.result import EvalResult
 
 PROGRESS_DIRNAME = ".progress"
@@ -52,8 +54,10 @@ def write_run_reports(
     records: list[EvalResult] | None,
     examples: int,
     outcomes: Mapping[str, str] | None = None,
+    digests: Digests | None = None,
 ) -> tuple[list[Path], str | None]:
-    """All run-directory reports; returns (paths written, note about what was skipped)."""
+    """All run-directory reports; returns (paths written, note about what was skipped).
+    ``digests``: the rows of journals read while their items ran."""
     # lazily: report builders load only at session end (pytest start-up)
     from pytest_modelbench.reporting.examples import EmbeddedExamples
     from pytest_modelbench.reporting.html import write_report
@@ -74,7 +78,10 @@ def write_run_reports(
     note = None
     try:
         # kept when unchanged
-        if write_parquet_if_changed(run, run_dir / PARQUET_NAME, pickers, embedded.add):
+        prepared = functools.partial(digests.prepared, run) if digests is not None else None
+        if write_parquet_if_changed(
+            run, run_dir / PARQUET_NAME, pickers, embedded.add, prepared=prepared
+        ):
             embedded.done()
         parquet = [run_dir / PARQUET_NAME]
     except ParquetUnavailable as exc:
@@ -98,6 +105,8 @@ class ReportWriter:
         self._token = uuid.uuid4().hex[:12]
         self._written: list[Path] | None = None
         self._note: str | None = None
+        self._digests: Digests | None = None  # journals read while their items run
+        self._item_ids: frozenset[str] | None = None
         self.mode = "off"
         self.local: RecordingProgress | None = None
         if is_worker(config):
@@ -191,7 +200,8 @@ class ReportWriter:
             os.close(live.fd)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_logstart(self) -> Generator[None, Any, Any]:
+    def pytest_runtest_logstart(self, nodeid: str) -> Generator[None, Any, Any]:
+        self._digest_started(nodeid)
         if self.live is None:
             return (yield)
         with self.live.paused():
@@ -209,13 +219,44 @@ class ReportWriter:
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_logfinish(self) -> Generator[None, Any, Any]:
+    def pytest_runtest_logfinish(self, nodeid: str) -> Generator[None, Any, Any]:
+        if self._digests is not None:
+            self._digests.finished(nodeid)
         if self.live is None:
             return (yield)
         with self.live.paused():
             return (yield)
 
     # -- reports -------------------------------------------------------------------------------
+    def _digest_started(self, nodeid: str) -> None:
+        """A benchmark item started (here or on a worker): read its journal as it grows, so
+        session end has its rows made (reporting.digest)."""
+        if is_worker(self.config) or not self.options.write_reports or not self.session.active:
+            return
+        item_id = self._item_id(nodeid)
+        if item_id is None:
+            return
+        # lazily: only sessions that run benchmark items load these
+        from pytest_modelbench.reporting.digest import Digests
+        from pytest_modelbench.store.runstore import RunStore
+
+        if self._digests is None:
+            self._digests = Digests()
+        self._digests.started(nodeid, RunStore(self.session.run_dir).item(item_id).journal.path)
+
+    def _item_id(self, nodeid: str) -> str | None:
+        """The plan item a node id runs: its parameter, when that is an item id (a test
+        parametrized further is read from its journal at session end instead)."""
+        if not nodeid.endswith("]") or "[" not in nodeid:
+            return None
+        if self._item_ids is None:
+            try:
+                self._item_ids = frozenset(item.item_id for item in self.session.plan.items)
+            except Exception:  # no plan: nothing to read early
+                self._item_ids = frozenset()
+        param = nodeid[nodeid.index("[") + 1 : -1]
+        return param if param in self._item_ids else None
+
     @pytest.hookimpl(wrapper=True)
     def pytest_sessionfinish(self) -> Generator[None, Any, Any]:
         self._stop_live()
@@ -225,6 +266,8 @@ class ReportWriter:
 
     def pytest_unconfigure(self) -> None:
         self._stop_live()
+        if self._digests is not None:
+            self._digests.close()
 
     def _write_reports(self) -> None:
         if self._written is not None or is_worker(self.config) or not self.options.write_reports:
@@ -235,10 +278,17 @@ class ReportWriter:
             return
         try:
             self._written, self._note = write_run_reports(
-                self.session.run_dir, records, self.options.report_examples, self.session.outcomes
+                self.session.run_dir,
+                records,
+                self.options.report_examples,
+                self.session.outcomes,
+                self._digests,
             )
         except OSError as exc:
             self._note = f"reports not written: {exc}"
+        finally:
+            if self._digests is not None:
+                self._digests.close()
 
     @pytest.hookimpl(trylast=True)  # after the session's summary table
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -245,7 +245,7 @@ def test_a_failed_parquet_write_still_leaves_the_other_reports(
         tmp_path, "r", {"m-qa-seed0": {"model": "m", "variant": "qa", "scores": [1.0, 0.0]}}
     )
 
-    def broken(*_args: Any) -> bool:
+    def broken(*_args: Any, **_kwargs: Any) -> bool:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(rows, "write_parquet_if_changed", broken)

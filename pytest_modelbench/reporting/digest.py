@@ -1,0 +1,253 @@
+"""Session-end reports made while the items run.
+
+After the last reply, session end reads every journal the session wrote to make
+``results.parquet`` and ``report.html``: each row parsed, normalised and encoded twice,
+about 0.1 s per 2000 examples while the user waits. An item spends most of its time waiting
+on its server (and an xdist controller waits on its workers), so a background thread of the
+controller reads each journal as it grows and makes its rows then. Session end takes them
+when the journal is still the file they were read from, and reads the file as before
+otherwise: a journal replaced (discarded, repaired, unshared), a damaged line, or more than
+:data:`BUDGET_BYTES` read in the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from pytest_modelbench.store.journal import HELD_BYTES, row_key
+
+if TYPE_CHECKING:
+    from pytest_modelbench.reporting.model import ItemRecord, RunData
+    from pytest_modelbench.reporting.rows import PreparedRow
+
+__all__ = ["BUDGET_BYTES", "Digests", "JournalDigest"]
+
+POLL_S = 0.25  # how often the thread looks for new lines
+BATCH = 64  # lines made at a time before the GIL is handed back (the event loop may share it)
+BUDGET_BYTES = HELD_BYTES  # journal bytes held in memory across the session, as rows
+# imported with the first rows made, off session end's path (which imports them otherwise)
+REPORT_MODULES = ("pytest_modelbench.reporting.html", "pytest_modelbench.reporting.leaderboard")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    key: tuple[str, int]
+    row: dict[str, Any]
+    line: bytes | None  # None: the row's score needs the item's metric (made at session end)
+    record: str | None
+
+
+class JournalDigest:
+    """One journal's rows, read and made as it grows; :meth:`prepared` hands them over."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.spoiled = False  # read the file at session end instead
+        self.size = 0  # bytes read
+        self._handle: IO[bytes] | None = None
+        self._identity: tuple[int, int] | None = None
+        self._tail = b""  # an unterminated last line, completed by a later read
+        self._entries: list[_Entry] = []
+        self._start_size = _size(path)  # a journal that never grows is never read
+
+    @property
+    def grown(self) -> bool:
+        return self._handle is not None or _size(self.path) not in (self._start_size, None)
+
+    def advance(self, room: int) -> int:
+        """Read and make the lines written since the last call; returns the bytes read.
+        ``room``: bytes the session may still hold (past it, this digest gives up)."""
+        if self.spoiled:
+            return 0
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return 0
+        if self._handle is None or (stat.st_dev, stat.st_ino) != self._identity:
+            self._reopen()  # first read, or the journal was replaced: start over
+        assert self._handle is not None
+        data = self._handle.read(max(room, 0) + 1)
+        if len(data) > room:
+            self.spoil()
+            return 0
+        self.size += len(data)
+        self._make(data)
+        return len(data)
+
+    def _reopen(self) -> None:
+        self.close()
+        self._entries, self._tail, self.size = [], b"", 0
+        self._handle = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        opened = os.fstat(self._handle.fileno())
+        self._identity = (opened.st_dev, opened.st_ino)
+
+    def _make(self, data: bytes) -> None:
+        # lazily: the row makers load only once a journal grows, while its item waits on the
+        # server (not during the item's start-up)
+        from pytest_modelbench.reporting.examples import record_text
+        from pytest_modelbench.reporting.rows import needs_metric, row_line
+
+        lines = (self._tail + data).split(b"\n")
+        self._tail = lines.pop()
+        for start in range(0, len(lines), BATCH):
+            for line in lines[start : start + BATCH]:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    key = row_key(row)
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+                    self.spoil()  # session end reads the file, and warns about the line
+                    return
+                early = not needs_metric(row)
+                self._entries.append(
+                    _Entry(
+                        key,
+                        row,
+                        row_line(row, "") if early else None,
+                        record_text(row, "") if early else None,
+                    )
+                )
+            time.sleep(0)  # hand the GIL back between batches
+
+    def prepared(self, metric: str) -> list[PreparedRow] | None:
+        """The journal's rows as :meth:`Journal.latest` gives them, made; None when the file
+        must be read instead. Call once everything written was read (:meth:`advance`)."""
+        from pytest_modelbench.reporting.examples import record_text
+        from pytest_modelbench.reporting.rows import PreparedRow, row_line
+
+        if self.spoiled or self._handle is None or self._identity != _identity(self.path):
+            return None
+        last = {entry.key: n for n, entry in enumerate(self._entries)}
+        return [
+            PreparedRow(
+                entry.row,
+                entry.line if entry.line is not None else row_line(entry.row, metric),
+                entry.record if entry.record is not None else record_text(entry.row, metric),
+            )
+            for n, entry in enumerate(self._entries)
+            if last[entry.key] == n
+        ]
+
+    def spoil(self) -> None:
+        self.spoiled = True
+        self._entries = []
+        self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            handle.close()
+
+
+class Digests:
+    """The controller's journal digests and the thread that advances those of running items."""
+
+    def __init__(self, budget: int = BUDGET_BYTES, poll_s: float | None = None) -> None:
+        self.budget = budget
+        self.poll_s = POLL_S if poll_s is None else poll_s
+        self._digests: dict[Path, JournalDigest] = {}
+        self._running: dict[str, JournalDigest] = {}  # by pytest node id: polled
+        self._held = 0  # bytes read by the digests kept
+        self._warm = False  # REPORT_MODULES imported
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def started(self, nodeid: str, journal: Path) -> None:
+        """An item started: read ``journal`` as it grows. Starts the thread once."""
+        with self._lock:
+            if self._stop.is_set() or journal in self._digests:
+                return
+            digest = self._digests[journal] = JournalDigest(journal)
+            self._running[nodeid] = digest
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="modelbench-digest", daemon=True
+                )
+                self._thread.start()
+
+    def finished(self, nodeid: str) -> None:
+        """The item ended: no more polling; session end reads what is left. A journal that
+        never grew (an item read from the store) is dropped."""
+        with self._lock:
+            digest = self._running.pop(nodeid, None)
+            if digest is not None and not digest.grown:
+                del self._digests[digest.path]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.advance()
+
+    def advance(self) -> None:
+        """One pass over the running items' journals (the thread's step)."""
+        with self._lock:
+            running = list(self._running.values())
+        for digest in running:
+            if self._stop.is_set():
+                return
+            if not digest.spoiled and digest.grown:
+                self._advance(digest)
+
+    def _advance(self, digest: JournalDigest) -> None:
+        if not self._warm:
+            self._warm = True
+            with contextlib.suppress(Exception):  # session end imports them and says why
+                for name in REPORT_MODULES:
+                    importlib.import_module(name)
+        before = digest.size
+        try:
+            digest.advance(self.budget - self._held)
+        except Exception:  # never the session's failure: session end reads the file
+            digest.spoil()
+        self._held += (0 if digest.spoiled else digest.size) - before
+
+    def stop(self) -> None:
+        """Stop the thread (session end, before the reports take the digests)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def prepared(self, run: RunData, item: ItemRecord) -> list[PreparedRow] | None:
+        """``item``'s rows, made while it ran; None: read its journal."""
+        from pytest_modelbench.store.runstore import ItemStore
+
+        self.stop()
+        digest = self._digests.get(ItemStore(run.item_dir(item)).journal.path)
+        if digest is None or digest.spoiled or not digest.grown:
+            return None
+        try:
+            self._advance(digest)  # what was written since the last poll
+            return digest.prepared(item.metric)
+        except Exception:
+            return None
+        finally:
+            digest.close()
+
+    def close(self) -> None:
+        self.stop()
+        for digest in self._digests.values():
+            digest.close()
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)
