@@ -72,12 +72,17 @@ def _stratified_indexes(strata: Sequence[str]) -> list[int]:
         by_stratum.setdefault(stratum, []).append(index)
     if len(by_stratum) < 2:
         return list(range(len(strata)))
-    placed: list[tuple[float, int, int]] = []
-    for rank, indexes in enumerate(by_stratum.values()):  # rank: first appearance in the file
-        size = len(indexes)
-        placed += [((i + 0.5) / size, rank, index) for i, index in enumerate(indexes)]
-    placed.sort()
-    return [index for _, _, index in placed]
+    # Ordered by (place, rank, index), rank being a stratum's first appearance in the file: a
+    # stable sort on the place alone, of the indexes listed by rank and then in file order,
+    # gives that order (places tie only across strata) and compares floats, not tuples
+    # (MMLU: 3 ms instead of 9).
+    indexes: list[int] = []
+    places: list[float] = []
+    for members in by_stratum.values():
+        size = len(members)
+        indexes += members
+        places += [(i + 0.5) / size for i in range(size)]
+    return [indexes[at] for at in sorted(range(len(indexes)), key=places.__getitem__)]
 
 
 def stratified_order(examples: Sequence[E]) -> list[E]:

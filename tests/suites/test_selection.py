@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytest_modelbench.suites import load_suite
 from pytest_modelbench.suites.contract import Example
-from pytest_modelbench.suites.selection import select_examples
+from pytest_modelbench.suites.selection import _stratified_indexes, select_examples
 
 
 def _examples(suite: str, seed: int = 0) -> list[Example]:
@@ -63,3 +65,28 @@ def test_within_a_subject_file_order_is_kept() -> None:
     for example in chosen:
         by_subject.setdefault(str(example.meta["subject"]), []).append(positions[example.id])
     assert all(p == sorted(p) for p in by_subject.values())
+
+
+def _by_place_rank_index(strata: list[str]) -> list[int]:
+    """The order's definition: the i-th of m at (i + ½) / m, then the stratum's first appearance
+    in the file, then file order."""
+    ranks: dict[str, int] = {}
+    sizes = Counter(strata)
+    seen: Counter[str] = Counter()
+    placed = []
+    for index, stratum in enumerate(strata):
+        ranks.setdefault(stratum, len(ranks))
+        placed.append(((seen[stratum] + 0.5) / sizes[stratum], ranks[stratum], index))
+        seen[stratum] += 1
+    return [index for _, _, index in sorted(placed)]
+
+
+@given(st.lists(st.sampled_from("abcdefg"), max_size=60))
+def test_the_order_is_by_place_then_first_appearance_then_file_order(strata: list[str]) -> None:
+    assert _stratified_indexes(strata) == _by_place_rank_index(strata)
+
+
+@pytest.mark.parametrize("suite", ["mmlu", "medmcqa"])
+def test_the_order_of_a_suite_is_by_place_then_first_appearance(suite: str) -> None:
+    strata = [str(e.meta["subject"]) for e in _examples(suite)]
+    assert _stratified_indexes(strata) == _by_place_rank_index(strata)
