@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from pytest_modelbench.store.journal import HELD_BYTES, row_key
+from pytest_modelbench.store.journal import row_key
 
 if TYPE_CHECKING:
     from pytest_modelbench.reporting.model import ItemRecord, RunData
@@ -32,7 +32,8 @@ __all__ = ["BUDGET_BYTES", "Digests", "JournalDigest"]
 
 POLL_S = 0.25  # how often the thread looks for new lines
 BATCH = 64  # lines made at a time before the GIL is handed back (the event loop may share it)
-BUDGET_BYTES = HELD_BYTES  # journal bytes held in memory across the session, as rows
+# journal bytes held as rows across the session (in memory about four times as much)
+BUDGET_BYTES = 4 << 20
 # imported with the first rows made, off session end's path (which imports them otherwise)
 REPORT_MODULES = ("pytest_modelbench.reporting.html", "pytest_modelbench.reporting.leaderboard")
 
@@ -52,20 +53,26 @@ class JournalDigest:
         self.path = path
         self.spoiled = False  # read the file at session end instead
         self.size = 0  # bytes read
-        self._handle: IO[bytes] | None = None
+        self._handle: IO[bytes] | None = None  # open while the item runs
         self._identity: tuple[int, int] | None = None
+        self._sealed: tuple[int, int, int, int] | None = None  # the file as its item left it
         self._tail = b""  # an unterminated last line, completed by a later read
         self._entries: list[_Entry] = []
         self._start_size = _size(path)  # a journal that never grows is never read
 
     @property
     def grown(self) -> bool:
-        return self._handle is not None or _size(self.path) not in (self._start_size, None)
+        """Whether the journal was written since the item started (else it is never read)."""
+        return (
+            self._handle is not None
+            or self._sealed is not None
+            or _size(self.path) not in (self._start_size, None)
+        )
 
     def advance(self, room: int) -> int:
         """Read and make the lines written since the last call; returns the bytes read.
         ``room``: bytes the session may still hold (past it, this digest gives up)."""
-        if self.spoiled:
+        if self.spoiled or self._sealed is not None:
             return 0
         try:
             stat = os.stat(self.path)
@@ -118,13 +125,23 @@ class JournalDigest:
                 )
             time.sleep(0)  # hand the GIL back between batches
 
+    def seal(self) -> None:
+        """The item ended and everything it wrote was read: remember the file as it is (a
+        later change means session end reads it) and close it, so that a session of many
+        items holds no more open files than items running."""
+        if self._handle is None or self.spoiled:
+            return
+        stat = os.fstat(self._handle.fileno())
+        self._sealed = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        self.close()
+
     def prepared(self, metric: str) -> list[PreparedRow] | None:
         """The journal's rows as :meth:`Journal.latest` gives them, made; None when the file
         must be read instead. Call once everything written was read (:meth:`advance`)."""
         from pytest_modelbench.reporting.examples import record_text
         from pytest_modelbench.reporting.rows import PreparedRow, row_line
 
-        if self.spoiled or self._handle is None or self._identity != _identity(self.path):
+        if self.spoiled or not self._unchanged():
             return None
         last = {entry.key: n for n, entry in enumerate(self._entries)}
         return [
@@ -137,12 +154,25 @@ class JournalDigest:
             if last[entry.key] == n
         ]
 
+    def _unchanged(self) -> bool:
+        """The journal is still the file that was read: open and the same inode, or sealed
+        and the same inode, size and modification time (its inode may since have been reused)."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return False
+        if self._sealed is not None:
+            return self._sealed == (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        return self._handle is not None and self._identity == (stat.st_dev, stat.st_ino)
+
     def spoil(self) -> None:
+        """Give up (a damaged line, past the budget, an error): session end reads the file."""
         self.spoiled = True
         self._entries = []
         self.close()
 
     def close(self) -> None:
+        """Close the file (the rows are kept)."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
             handle.close()
@@ -157,16 +187,23 @@ class Digests:
         self._digests: dict[Path, JournalDigest] = {}
         self._running: dict[str, JournalDigest] = {}  # by pytest node id: polled
         self._held = 0  # bytes read by the digests kept
+        self._reading = threading.Lock()  # one digest read at a time: the thread's or an end's
         self._warm = False  # REPORT_MODULES imported
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def started(self, nodeid: str, journal: Path) -> None:
-        """An item started: read ``journal`` as it grows. Starts the thread once."""
+        """An item started: read ``journal`` as it grows. Starts the thread once. An item run
+        again (a rerun plugin) starts its journal over."""
         with self._lock:
-            if self._stop.is_set() or journal in self._digests:
+            if self._stop.is_set():
                 return
+            old = self._digests.get(journal)
+            if old is not None:
+                with self._reading:
+                    self._held -= 0 if old.spoiled else old.size
+                    old.spoil()
             digest = self._digests[journal] = JournalDigest(journal)
             self._running[nodeid] = digest
             if self._thread is None:
@@ -176,12 +213,18 @@ class Digests:
                 self._thread.start()
 
     def finished(self, nodeid: str) -> None:
-        """The item ended: no more polling; session end reads what is left. A journal that
-        never grew (an item read from the store) is dropped."""
+        """The item ended: its journal is read to the end and closed; session end checks it is
+        unchanged. A journal that never grew (an item read from the store) is dropped."""
         with self._lock:
             digest = self._running.pop(nodeid, None)
-            if digest is not None and not digest.grown:
+            if digest is None:
+                return
+            if not digest.grown:
                 del self._digests[digest.path]
+                return
+        with self._reading:
+            self._advance(digest)
+            digest.seal()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -195,7 +238,8 @@ class Digests:
             if self._stop.is_set():
                 return
             if not digest.spoiled and digest.grown:
-                self._advance(digest)
+                with self._reading:
+                    self._advance(digest)
 
     def _advance(self, digest: JournalDigest) -> None:
         if not self._warm:
@@ -217,7 +261,8 @@ class Digests:
             self._thread.join()
 
     def prepared(self, run: RunData, item: ItemRecord) -> list[PreparedRow] | None:
-        """``item``'s rows, made while it ran; None: read its journal."""
+        """``item``'s rows, made while it ran; None: read its journal. Stops the thread first
+        (session end: nothing is polled any more)."""
         from pytest_modelbench.store.runstore import ItemStore
 
         self.stop()
@@ -233,9 +278,11 @@ class Digests:
             digest.close()
 
     def close(self) -> None:
+        """Stop, close every journal and drop the rows (so they are not held until exit)."""
         self.stop()
         for digest in self._digests.values():
             digest.close()
+        self._digests, self._running = {}, {}
 
 
 def _size(path: Path) -> int | None:
@@ -243,11 +290,3 @@ def _size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return (stat.st_dev, stat.st_ino)

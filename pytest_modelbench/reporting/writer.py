@@ -26,6 +26,7 @@ from pytest_modelbench.workers import WORKER_PROGRESS_DIR, is_worker, worker_inp
 if TYPE_CHECKING:
     from pytest_modelbench.reporting.digest import Digests
     from pytest_modelbench.store.result import EvalResult
+    from pytest_modelbench.store.runstore import RunStore
 
 PROGRESS_DIRNAME = ".progress"
 
@@ -107,6 +108,7 @@ class ReportWriter:
         self._note: str | None = None
         self._digests: Digests | None = None  # journals read while their items run
         self._item_ids: frozenset[str] | None = None
+        self._store: RunStore | None = None  # the run's store, once an item started
         self.mode = "off"
         self.local: RecordingProgress | None = None
         if is_worker(config):
@@ -230,31 +232,35 @@ class ReportWriter:
     # -- reports -------------------------------------------------------------------------------
     def _digest_started(self, nodeid: str) -> None:
         """A benchmark item started (here or on a worker): read its journal as it grows, so
-        session end has its rows made (reporting.digest)."""
+        session end has its rows made (reporting.digest). Best effort: on any failure session
+        end reads the journal, as it always can."""
         if is_worker(self.config) or not self.options.write_reports or not self.session.active:
             return
         item_id = self._item_id(nodeid)
         if item_id is None:
             return
-        # lazily: only sessions that run benchmark items load these
-        from pytest_modelbench.reporting.digest import Digests
-        from pytest_modelbench.store.runstore import RunStore
+        try:
+            if self._digests is None:
+                # lazily: only sessions that run benchmark items load these
+                from pytest_modelbench.reporting.digest import Digests
+                from pytest_modelbench.store.runstore import RunStore
 
-        if self._digests is None:
-            self._digests = Digests()
-        self._digests.started(nodeid, RunStore(self.session.run_dir).item(item_id).journal.path)
+                self._store = RunStore(self.session.run_dir)
+                self._digests = Digests()
+            assert self._store is not None
+            self._digests.started(nodeid, self._store.item(item_id).journal.path)
+        except Exception:  # (a thread that cannot start, no memory): nothing is lost
+            self._digests = None
 
     def _item_id(self, nodeid: str) -> str | None:
         """The plan item a node id runs: its parameter, when that is an item id (a test
         parametrized further is read from its journal at session end instead)."""
-        if not nodeid.endswith("]") or "[" not in nodeid:
-            return None
         if self._item_ids is None:
             try:
                 self._item_ids = frozenset(item.item_id for item in self.session.plan.items)
             except Exception:  # no plan: nothing to read early
                 self._item_ids = frozenset()
-        param = nodeid[nodeid.index("[") + 1 : -1]
+        param = _node_param(nodeid)
         return param if param in self._item_ids else None
 
     @pytest.hookimpl(wrapper=True)
@@ -322,6 +328,13 @@ def _planned(items: list[pytest.Item]) -> dict[str, str]:
     return planned
 
 
+def _node_param(nodeid: str) -> str | None:
+    """The parameter part of a node id (``test_x[alpha-qa-seed0]`` → ``alpha-qa-seed0``)."""
+    if "[" not in nodeid or not nodeid.endswith("]"):
+        return None
+    return nodeid[nodeid.index("[") + 1 : -1]
+
+
 def _planned_from_ids(ids: list[str], session: SessionView) -> dict[str, str]:
     """xdist: the controller sees node ids only; match their parameter part to plan items."""
     try:
@@ -332,7 +345,7 @@ def _planned_from_ids(ids: list[str], session: SessionView) -> dict[str, str]:
     for nodeid in ids:
         if "[" not in nodeid:
             continue
-        param = nodeid[nodeid.index("[") + 1 : nodeid.rindex("]")] if nodeid.endswith("]") else ""
+        param = _node_param(nodeid) or ""
         matches = [item_id for item_id in by_id if item_id == param or item_id in param]
         if matches:
             best = max(matches, key=len)

@@ -358,7 +358,11 @@ class ModelbenchSession:
             store.init(run_name=self.plan.run_name, versions=versions())
             from pytest_modelbench.running.progress import PROGRESS_SINK
 
-            endpoints = EndpointManager(serving=self.server_pool())
+            # a plan with no served model needs no server pool (nor its imports)
+            serves = any(
+                not (item.model.api_base_url or item.model.solutions) for item in self.plan.items
+            )
+            endpoints = EndpointManager(serving=self.server_pool() if serves else None)
             self._evaluator = ItemEvaluator(
                 self.options,
                 store,

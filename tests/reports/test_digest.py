@@ -145,6 +145,56 @@ def test_a_journal_replaced_after_the_last_read_is_not_taken(tmp_path: Path) -> 
     assert digest.prepared("accuracy") is None
 
 
+def test_a_finished_item_closes_its_journal_and_a_later_change_is_read(tmp_path: Path) -> None:
+    run, item, journal = _run(tmp_path, [])
+    digests = Digests(poll_s=3600)
+    digests.started("t[m-qa-seed0]", journal)
+    _grow(digests, journal, _line(_row(0)))
+    with journal.open("ab") as handle:  # written after the last poll, before the item ended
+        handle.write(_line(_row(1)))
+    digests.finished("t[m-qa-seed0]")
+    assert all(d._handle is None for d in digests._digests.values())  # no file left open
+    _assert_same(digests.prepared(run, item), run, item)
+
+    run, item, journal = _run(tmp_path / "later", [])
+    digests = Digests(poll_s=3600)
+    digests.started("t[m-qa-seed0]", journal)
+    _grow(digests, journal, _line(_row(0)))
+    digests.finished("t[m-qa-seed0]")
+    with journal.open("ab") as handle:  # changed once its item had ended
+        handle.write(_line(_row(1)))
+    assert digests.prepared(run, item) is None
+
+
+def test_many_items_hold_no_more_files_than_items_running(tmp_path: Path) -> None:
+    digests = Digests(poll_s=3600)
+    before = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").exists() else None
+    for n in range(300):
+        journal = tmp_path / f"item{n}" / "results.jsonl"
+        journal.parent.mkdir()
+        digests.started(f"t[i{n}]", journal)
+        _grow(digests, journal, _line(_row(n)))
+        digests.finished(f"t[i{n}]")
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) <= before + 1
+    assert sum(len(d._entries) for d in digests._digests.values()) == 300
+    digests.close()
+
+
+def test_an_item_run_again_starts_its_journal_over(tmp_path: Path) -> None:
+    run, item, journal = _run(tmp_path, [])
+    digests = Digests(poll_s=3600)
+    digests.started("t[m-qa-seed0]", journal)
+    _grow(digests, journal, _line(_row(0)))
+    digests.finished("t[m-qa-seed0]")
+    digests.started("t[m-qa-seed0]", journal)  # a rerun plugin runs it again
+    _grow(digests, journal, _line(_row(0, score=0.0)) + _line(_row(1)))
+    digests.finished("t[m-qa-seed0]")
+    made = digests.prepared(run, item)
+    _assert_same(made, run, item)
+    assert made is not None and [p.row["score"] for p in made] == [0.0, 1.0]
+
+
 def test_a_damaged_line_leaves_the_file_to_session_end(tmp_path: Path) -> None:
     run, item, journal = _run(tmp_path, [])
     digests = Digests(poll_s=3600)
@@ -200,12 +250,41 @@ def test_a_session_writes_the_reports_from_the_rows_it_read_while_running(
     configure(project, server.base_url, ("alpha",), n=120)
     project.pytester.runpytest("benchmarks/", "--model", "alpha").assert_outcomes(passed=1)
     assert taken == [120]  # the item's rows came from its digest
+    _assert_reports_as_read(project, tmp_path)
+
+
+def test_under_xdist_the_controller_reads_the_workers_journals(
+    project: Project, sim: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("xdist")
+    monkeypatch.setattr(digest_module, "POLL_S", 0.05)
+    taken: list[int] = []
+    prepared = Digests.prepared
+
+    def counted(self: Digests, run: RunData, item: ItemRecord) -> list[PreparedRow] | None:
+        made = prepared(self, run, item)
+        taken.append(-1 if made is None else len(made))
+        return made
+
+    monkeypatch.setattr(Digests, "prepared", counted)
+    configure(project, "http://placeholder", ("alpha",), n=80, envs=("qa", "math"))
+    server = sim(accuracy=0.5, lookup=project.lookup("qa", "math"), latency=0.02, slots=4)
+    configure(project, server.base_url, ("alpha",), n=80, envs=("qa", "math"))
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "-n", "2")
+    result.assert_outcomes(passed=2)
+    assert taken == [80, 80]
+    _assert_reports_as_read(project, tmp_path)
+
+
+def _assert_reports_as_read(project: Project, tmp_path: Path) -> None:
+    """The session's results.parquet and report.html examples equal those read from the files."""
     (run_dir,) = project.run_dirs()
     run = load_run(run_dir)
     cold = tmp_path / "cold.parquet"
     write_parquet(run, cold)
     assert pq.read_table(run_dir / "results.parquet").equals(pq.read_table(cold))
-    (item,) = run.items
     assert _embedded(run_dir / "report.html") == [
-        example_record(0, item, row) for row in item_rows(run, item)
+        example_record(index, item, row)
+        for index, item in enumerate(run.items)
+        for row in item_rows(run, item)
     ]
