@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from tests.conftest import Project, configure
 
 HEAVY = (
     "vllm",
@@ -75,3 +78,26 @@ def test_plain_session_imports_no_config_schema(tmp_path: Path) -> None:
     assert "1 passed" in out.stdout
     loaded_line = next(line for line in out.stdout.splitlines() if line.startswith("LOADED:"))
     assert loaded_line == "LOADED:", f"imported by a plain session: {loaded_line[7:]}"
+
+
+def test_a_session_that_serves_no_model_builds_no_server_pool(project: Project, sim: Any) -> None:
+    """Every model at an ``api_base_url``: the items need no server pool, and its modules
+    (the pool, replicas, the exchange) are never imported."""
+    configure(project, "http://placeholder", ("alpha",), n=5)
+    server = sim(accuracy=1.0, lookup=project.lookup("qa"))
+    configure(project, server.base_url, ("alpha",), n=5)
+    (project.root / "conftest.py").write_text(
+        "import sys\n\n\n"
+        "def pytest_sessionfinish(session):\n"
+        "    found = sorted(m for m in sys.modules if m.startswith('pytest_modelbench.serving.'))\n"
+        "    print('SERVING:' + ','.join(found))\n"
+    )
+    result = project.pytester.runpytest_subprocess("benchmarks/", "--model", "alpha", "-s")
+    result.assert_outcomes(passed=1)
+    line = next(line for line in result.outlines if "SERVING:" in line)
+    loaded = set(line.split("SERVING:", 1)[1].split(","))
+    assert not loaded & {
+        "pytest_modelbench.serving.pool",
+        "pytest_modelbench.serving.replicas",
+        "pytest_modelbench.serving.exchange",
+    }, line
