@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
@@ -24,6 +24,22 @@ if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
 
 SCORER_VERSION = 1
+PARSE_CHUNK = 64  # journal lines parsed between two turns of the event loop (about 1 ms)
+Units = Iterator[tuple[Example, int]]
+
+
+def _then(units: Units, done: Callable[[], None]) -> Units:
+    """``units``, then ``done()`` once the last was taken."""
+    yield from units
+    done()
+
+
+async def _parse_ahead(journal: Journal) -> None:
+    """Parse the journal's held lines for the summary, a chunk per turn of the event loop."""
+    import asyncio  # lazily, as in evaluate: loaded only when an item runs
+
+    while journal.parse_ahead(PARSE_CHUNK):
+        await asyncio.sleep(0)
 
 
 class SuiteBackend:
@@ -75,7 +91,7 @@ class SuiteBackend:
         import asyncio
 
         # lazily: the HTTP client loads only when an item runs (pytest start-up)
-        from pytest_modelbench.running.prefetch import prefetch
+        from pytest_modelbench.running.prefetch import prefetch_when_idle
         from pytest_modelbench.running.runner import (
             EndpointGone,
             LoopSettings,
@@ -114,22 +130,31 @@ class SuiteBackend:
                 max_retries=item.model.max_retries,
             ) as client:
                 await ctx.endpoint.ensure_ready(client)
-                return await run_loop(
-                    self.suite,
-                    work_units(examples, rollouts, done),
-                    client,
-                    journal,
-                    settings,
-                    ctx.progress,
-                )
+                # pyarrow for session end, imported once this item waits on its server
+                tasks = [asyncio.create_task(prefetch_when_idle())]
+
+                def all_taken() -> None:
+                    # only the last replies are awaited now: the summary's rows are parsed meanwhile
+                    tasks.append(asyncio.create_task(_parse_ahead(journal)))
+
+                try:
+                    return await run_loop(
+                        self.suite,
+                        _then(work_units(examples, rollouts, done), all_taken),
+                        client,
+                        journal,
+                        settings,
+                        ctx.progress,
+                    )
+                finally:
+                    for task in tasks:
+                        task.cancel()
 
         if total > len(done):
             preflight(self.suite, item.item_id)  # e.g. code suites without OS isolation
         journal.open()
-        if total > len(done):
-            prefetch()  # pyarrow for session end, while this item waits on its server
-            if examples and in_process_pool(self.suite):  # the scorer's workers, likewise
-                warm_up(self.suite, examples[0])
+        if total > len(done) and examples and in_process_pool(self.suite):
+            warm_up(self.suite, examples[0])  # the scorer's workers, while the server answers
         try:
             loop_stats = asyncio.run(main()) if total > len(done) else None
         except EndpointGone as exc:
