@@ -18,9 +18,8 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from pytest_modelbench.store.journal import row_key
 
@@ -32,18 +31,30 @@ __all__ = ["BUDGET_BYTES", "Digests", "JournalDigest"]
 
 POLL_S = 0.25  # how often the thread looks for new lines
 BATCH = 64  # lines made at a time before the GIL is handed back (the event loop may share it)
-# journal bytes held as rows across the session (in memory about four times as much)
+# journal bytes held across the session (in memory about three times as much: each line as
+# read, its parquet line and its report record)
 BUDGET_BYTES = 4 << 20
 # imported with the first rows made, off session end's path (which imports them otherwise)
 REPORT_MODULES = ("pytest_modelbench.reporting.html", "pytest_modelbench.reporting.leaderboard")
 
 
-@dataclass(frozen=True)
-class _Entry:
-    key: tuple[str, int]
-    row: dict[str, Any]
-    line: bytes | None  # None: the row's score needs the item's metric (made at session end)
-    record: str | None
+class _Made:
+    """A journal's lines in file order, each with its key and what session end makes of it.
+    Flat lists of strings, bytes and ints: nothing per line that the garbage collector tracks
+    (rows kept as dicts would make every collection of the item's process walk them, which
+    cost more than parsing them again at session end)."""
+
+    __slots__ = ("ids", "lines", "parquet", "records", "rollouts")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.rollouts: list[int] = []
+        self.lines: list[bytes] = []  # as read, parsed again at session end
+        self.parquet: list[bytes | None] = []  # None: the score needs the item's metric
+        self.records: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.lines)
 
 
 class JournalDigest:
@@ -57,7 +68,7 @@ class JournalDigest:
         self._identity: tuple[int, int] | None = None
         self._sealed: tuple[int, int, int, int] | None = None  # the file as its item left it
         self._tail = b""  # an unterminated last line, completed by a later read
-        self._entries: list[_Entry] = []
+        self._made = _Made()
         self._start_size = _size(path)  # a journal that never grows is never read
 
     @property
@@ -91,7 +102,7 @@ class JournalDigest:
 
     def _reopen(self) -> None:
         self.close()
-        self._entries, self._tail, self.size = [], b"", 0
+        self._made, self._tail, self.size = _Made(), b"", 0
         self._handle = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         opened = os.fstat(self._handle.fileno())
         self._identity = (opened.st_dev, opened.st_ino)
@@ -115,14 +126,12 @@ class JournalDigest:
                     self.spoil()  # session end reads the file, and warns about the line
                     return
                 early = not needs_metric(row)
-                self._entries.append(
-                    _Entry(
-                        key,
-                        row,
-                        row_line(row, "") if early else None,
-                        record_text(row, "") if early else None,
-                    )
-                )
+                made = self._made
+                made.ids.append(key[0])
+                made.rollouts.append(key[1])
+                made.lines.append(line)
+                made.parquet.append(row_line(row, "") if early else None)
+                made.records.append(record_text(row, "") if early else None)
             time.sleep(0)  # hand the GIL back between batches
 
     def seal(self) -> None:
@@ -143,16 +152,20 @@ class JournalDigest:
 
         if self.spoiled or not self._unchanged():
             return None
-        last = {entry.key: n for n, entry in enumerate(self._entries)}
-        return [
-            PreparedRow(
-                entry.row,
-                entry.line if entry.line is not None else row_line(entry.row, metric),
-                entry.record if entry.record is not None else record_text(entry.row, metric),
+        made = self._made
+        last = {key: n for n, key in enumerate(zip(made.ids, made.rollouts, strict=True))}
+        ready = []
+        for n in sorted(last.values()):
+            row = json.loads(made.lines[n])
+            line, record = made.parquet[n], made.records[n]
+            ready.append(
+                PreparedRow(
+                    row,
+                    line if line is not None else row_line(row, metric),
+                    record if record is not None else record_text(row, metric),
+                )
             )
-            for n, entry in enumerate(self._entries)
-            if last[entry.key] == n
-        ]
+        return ready
 
     def _unchanged(self) -> bool:
         """The journal is still the file that was read: open and the same inode, or sealed
@@ -168,7 +181,7 @@ class JournalDigest:
     def spoil(self) -> None:
         """Give up (a damaged line, past the budget, an error): session end reads the file."""
         self.spoiled = True
-        self._entries = []
+        self._made = _Made()
         self.close()
 
     def close(self) -> None:

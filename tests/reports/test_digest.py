@@ -177,7 +177,7 @@ def test_many_items_hold_no_more_files_than_items_running(tmp_path: Path) -> Non
         digests.finished(f"t[i{n}]")
     if before is not None:
         assert len(os.listdir("/proc/self/fd")) <= before + 1
-    assert sum(len(d._entries) for d in digests._digests.values()) == 300
+    assert sum(len(d._made) for d in digests._digests.values()) == 300
     digests.close()
 
 
