@@ -232,19 +232,26 @@ def _embedded(report: Path) -> list[dict[str, Any]]:
     return list(json.loads(zlib.decompress(data)))
 
 
-def test_a_session_writes_the_reports_from_the_rows_it_read_while_running(
-    project: Project, sim: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many rows each item's digest gave session end (-1: none, the file was read); the
+    thread polls every 0.05 s."""
     monkeypatch.setattr(digest_module, "POLL_S", 0.05)
-    taken: list[int] = []
+    counts: list[int] = []
     prepared = Digests.prepared
 
     def counted(self: Digests, run: RunData, item: ItemRecord) -> list[PreparedRow] | None:
         made = prepared(self, run, item)
-        taken.append(-1 if made is None else len(made))
+        counts.append(-1 if made is None else len(made))
         return made
 
     monkeypatch.setattr(Digests, "prepared", counted)
+    return counts
+
+
+def test_a_session_writes_the_reports_from_the_rows_it_read_while_running(
+    project: Project, sim: Any, taken: list[int], tmp_path: Path
+) -> None:
     configure(project, "http://placeholder", ("alpha",), n=120)
     server = sim(accuracy=0.6, lookup=project.lookup("qa"), latency=0.02, slots=4, seed=1)
     configure(project, server.base_url, ("alpha",), n=120)
@@ -254,19 +261,9 @@ def test_a_session_writes_the_reports_from_the_rows_it_read_while_running(
 
 
 def test_under_xdist_the_controller_reads_the_workers_journals(
-    project: Project, sim: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    project: Project, sim: Any, taken: list[int], tmp_path: Path
 ) -> None:
     pytest.importorskip("xdist")
-    monkeypatch.setattr(digest_module, "POLL_S", 0.05)
-    taken: list[int] = []
-    prepared = Digests.prepared
-
-    def counted(self: Digests, run: RunData, item: ItemRecord) -> list[PreparedRow] | None:
-        made = prepared(self, run, item)
-        taken.append(-1 if made is None else len(made))
-        return made
-
-    monkeypatch.setattr(Digests, "prepared", counted)
     configure(project, "http://placeholder", ("alpha",), n=80, envs=("qa", "math"))
     server = sim(accuracy=0.5, lookup=project.lookup("qa", "math"), latency=0.02, slots=4)
     configure(project, server.base_url, ("alpha",), n=80, envs=("qa", "math"))
