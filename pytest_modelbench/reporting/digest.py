@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from pytest_modelbench.store.journal import row_key
+from pytest_modelbench.store.journal import last_per_key, parse_line
 
 if TYPE_CHECKING:
     from pytest_modelbench.reporting.model import ItemRecord, RunData
@@ -119,12 +119,11 @@ class JournalDigest:
             for line in lines[start : start + BATCH]:
                 if not line.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                    key = row_key(row)
-                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+                parsed = parse_line(line)
+                if parsed is None:
                     self.spoil()  # session end reads the file, and warns about the line
                     return
+                key, row = parsed
                 early = not needs_metric(row)
                 made = self._made
                 made.ids.append(key[0])
@@ -153,9 +152,8 @@ class JournalDigest:
         if self.spoiled or not self._unchanged():
             return None
         made = self._made
-        last = {key: n for n, key in enumerate(zip(made.ids, made.rollouts, strict=True))}
         ready = []
-        for n in sorted(last.values()):
+        for n in last_per_key(zip(made.ids, made.rollouts, strict=True)):
             row = json.loads(made.lines[n])
             line, record = made.parquet[n], made.records[n]
             ready.append(

@@ -18,7 +18,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any
@@ -415,6 +415,26 @@ class Journal:
         return aside
 
 
+def parse_line(line: bytes) -> tuple[Key, Row] | None:
+    """A whole, non-blank journal line's key and row; None when the reader skips it as
+    damaged (not JSON, or no usable ``example_id``/``rollout``)."""
+    try:
+        row = json.loads(line)
+        return row_key(row), row
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def last_per_key(keys: Iterable[Key], keep: Callable[[Key], bool] | None = None) -> list[int]:
+    """Positions of the last line of each key (that ``keep`` accepts), in file order: the
+    rows :meth:`Journal.latest` gives."""
+    last: dict[Key, int] = {}
+    for n, key in enumerate(keys):
+        if keep is None or keep(key):
+            last[key] = n
+    return sorted(last.values())
+
+
 def _lines(handle: IO[bytes]) -> Iterator[tuple[bytes, dict[str, Any] | None, bool]]:
     """:meth:`Journal._scan` of an open file, from where it stands."""
     for raw in handle:
@@ -424,27 +444,15 @@ def _lines(handle: IO[bytes]) -> Iterator[tuple[bytes, dict[str, Any] | None, bo
         line = raw[:-1]
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-            row_key(row)
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
-            yield line, None, True
-            continue
-        yield line, row, True
+        parsed = parse_line(line)
+        yield line, None if parsed is None else parsed[1], True
 
 
 def _last_per_key(held: _Held, count: int, keep: Callable[[Key], bool] | None) -> Iterator[Row]:
     """:meth:`Journal.latest` of held lines: their first ``count`` (lines appended meanwhile are
     not read). Each line yielded is parsed once, as the reader parses it, and its row kept."""
-    keys = list(zip(held.ids[:count], held.rollouts[:count], strict=True))
-    last: dict[Key, int] = {}
-    for n, key in enumerate(keys):
-        if keep is None or keep(key):
-            last[key] = n
     lines = held.lines
-    for n, key in enumerate(keys):
-        if last.get(key) != n:
-            continue
+    for n in last_per_key(zip(held.ids[:count], held.rollouts[:count], strict=True), keep):
         entry = lines[n]
         if not isinstance(entry, dict):
             entry = lines[n] = json.loads(entry)
