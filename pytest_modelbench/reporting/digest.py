@@ -44,14 +44,17 @@ class _Made:
     (rows kept as dicts would make every collection of the item's process walk them, which
     cost more than parsing them again at session end)."""
 
-    __slots__ = ("ids", "lines", "parquet", "records", "rollouts")
+    __slots__ = ("errored", "ids", "lines", "parquet", "records", "rollouts", "scores")
 
     def __init__(self) -> None:
         self.ids: list[str] = []
         self.rollouts: list[int] = []
-        self.lines: list[bytes] = []  # as read, parsed again at session end
-        self.parquet: list[bytes | None] = []  # None: the score needs the item's metric
+        self.lines: list[bytes] = []  # as read, parsed again at session end only if needed
+        # None: the score needs the item's metric (and so do the next two)
+        self.parquet: list[bytes | None] = []
         self.records: list[str | None] = []
+        self.scores: list[float | None] = []
+        self.errored: list[bool] = []
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -111,7 +114,7 @@ class JournalDigest:
         # lazily: the row makers load only once a journal grows, while its item waits on the
         # server (not during the item's start-up)
         from pytest_modelbench.reporting.examples import record_text
-        from pytest_modelbench.reporting.rows import needs_metric, row_line
+        from pytest_modelbench.reporting.rows import needs_metric, row_line, score_of
 
         lines = (self._tail + data).split(b"\n")
         self._tail = lines.pop()
@@ -131,6 +134,8 @@ class JournalDigest:
                 made.lines.append(line)
                 made.parquet.append(row_line(row, "") if early else None)
                 made.records.append(record_text(row, "") if early else None)
+                made.scores.append(score_of(row, "") if early else None)
+                made.errored.append(bool(row.get("error")))
             time.sleep(0)  # hand the GIL back between batches
 
     def seal(self) -> None:
@@ -147,20 +152,33 @@ class JournalDigest:
         """The journal's rows as :meth:`Journal.latest` gives them, made; None when the file
         must be read instead. Call once everything written was read (:meth:`advance`)."""
         from pytest_modelbench.reporting.examples import record_text
-        from pytest_modelbench.reporting.rows import PreparedRow, row_line
+        from pytest_modelbench.reporting.rows import PreparedRow, row_line, score_of
 
         if self.spoiled or not self._unchanged():
             return None
         made = self._made
         ready = []
         for n in last_per_key(zip(made.ids, made.rollouts, strict=True)):
+            line = made.parquet[n]
+            if line is not None:  # made while the item ran: parsed again only if picked
+                ready.append(
+                    PreparedRow(
+                        made.lines[n],
+                        line,
+                        made.records[n],
+                        score=made.scores[n],
+                        errored=made.errored[n],
+                    )
+                )
+                continue
             row = json.loads(made.lines[n])
-            line, record = made.parquet[n], made.records[n]
             ready.append(
                 PreparedRow(
                     row,
-                    line if line is not None else row_line(row, metric),
-                    record if record is not None else record_text(row, metric),
+                    row_line(row, metric),
+                    record_text(row, metric),
+                    score=score_of(row, metric),
+                    errored=made.errored[n],
                 )
             )
         return ready

@@ -20,7 +20,7 @@ from html import escape
 from typing import Any
 
 from pytest_modelbench.reporting.model import ItemRecord, RunData
-from pytest_modelbench.reporting.rows import item_rows, score_of
+from pytest_modelbench.reporting.rows import PreparedRow, item_rows, score_of
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 OUTCOMES = ("right", "wrong", "error", "truncated")
@@ -299,13 +299,12 @@ class EmbeddedExamples:
         self._too_large: TooLarge | None = None
         self.packed: tuple[str, int] | TooLarge | None = None
 
-    def add(
-        self, index: int, item: ItemRecord, row: Mapping[str, Any], record: str | None = None
-    ) -> None:
-        """One row; ``record``: its :func:`record_text`, when made while the item ran."""
+    def add(self, index: int, item: ItemRecord, ready: PreparedRow) -> None:
+        """One row, with its :func:`record_text` when it was made while the item ran."""
         if self._too_large is not None:
             return
-        text = record if record is not None else record_text(row, item.metric)
+        record = ready.record
+        text = record if record is not None else record_text(ready.row, item.metric)
         try:
             self._packer.add_text(indexed(index, text))
         except TooLarge as exc:

@@ -219,21 +219,28 @@ class FailingPicker:
         self.limit = limit
         self.picked: list[Example] | None = None  # set by close()
         self._seen = 0
-        self._errored: list[Mapping[str, Any]] = []
-        self._first: list[Mapping[str, Any]] = []  # the first scored rows: all may score 0
-        self._lowest: list[tuple[float, int, Mapping[str, Any]]] = []  # max-heap of the lowest
+        self._errored: list[_Kept] = []
+        self._first: list[_Kept] = []  # the first scored rows: all may score 0
+        self._lowest: list[tuple[float, int, _Kept]] = []  # max-heap of the lowest
         self._top: float | None = None
 
     def add(self, row: Mapping[str, Any]) -> None:
+        self._add(row, bool(row.get("error")), row_score(self.item, row))
+
+    def add_prepared(self, ready: PreparedRow) -> None:
+        """A row made while its item ran: its score is known, its JSON is parsed only if
+        it is picked."""
+        self._add(ready, ready.errored, ready.score)
+
+    def _add(self, row: _Kept, errored: bool, score: float | None) -> None:
         i, self._seen = self._seen, self._seen + 1
         limit = self.limit
         if limit <= 0:
             return
-        if row.get("error"):
+        if errored:
             if len(self._errored) < limit:
                 self._errored.append(row)
             return
-        score = row_score(self.item, row)
         if score is None:
             return
         self._top = score if self._top is None else max(self._top, score)
@@ -258,14 +265,14 @@ class FailingPicker:
         if self.picked is not None:
             return self.picked
         wanted = self.limit - len(self._errored)
-        wrong: list[Mapping[str, Any]] = []
+        wrong: list[_Kept] = []
         if wanted > 0 and self._top is not None:
             if self._top <= 0:  # everything scored 0: all of them are wrong, in journal order
                 wrong = self._first[:wanted]
             else:
-                below = sorted((-s, -i, row) for s, i, row in self._lowest if -s < self._top)
-                wrong = [row for _, _, row in below[:wanted]]
-        rows = [normal_row(run_id, self.item, row) for row in (*self._errored, *wrong)]
+                below = sorted(((-s, -i), row) for s, i, row in self._lowest if -s < self._top)
+                wrong = [row for _, row in below[:wanted]]
+        rows = [normal_row(run_id, self.item, _row_of(kept)) for kept in (*self._errored, *wrong)]
         return [
             Example(
                 str(r["example_id"]),
@@ -293,19 +300,53 @@ def failing_examples(run: RunData, item: ItemRecord, limit: int) -> list[Example
     return picker.examples(run.run_id)
 
 
-@dataclass(frozen=True)
 class PreparedRow:
     """A journal row with what session end makes of it: made while its item runs
-    (:mod:`pytest_modelbench.reporting.digest`), or at session end from the file."""
+    (:mod:`pytest_modelbench.reporting.digest`), or at session end from the file (:meth:`of`).
+    ``row`` is parsed from the journal line only when asked for (the failing-example picker
+    needs only ``score`` and ``errored`` to choose)."""
 
-    row: Mapping[str, Any]
-    line: bytes  # row_line(row, the item's metric)
-    record: str | None = None  # its report record without the item's index, when made early
+    __slots__ = ("_row", "errored", "line", "record", "score")
+
+    def __init__(
+        self,
+        row: Mapping[str, Any] | bytes,
+        line: bytes,
+        record: str | None = None,
+        *,
+        score: float | None,
+        errored: bool,
+    ) -> None:
+        self._row = row  # bytes: the journal line, parsed on first use
+        self.line = line  # row_line(row, the item's metric)
+        self.record = record  # its report record without the item's index, when made early
+        self.score = score  # score_of(row, the item's metric)
+        self.errored = errored
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any], metric: str) -> PreparedRow:
+        """A row read at session end, made here."""
+        return cls(
+            row, row_line(row, metric), score=score_of(row, metric), errored=bool(row.get("error"))
+        )
+
+    @property
+    def row(self) -> Mapping[str, Any]:
+        row = self._row
+        if isinstance(row, bytes):
+            row = self._row = json.loads(row)
+        return row
 
 
-RowSink = Callable[[int, ItemRecord, Mapping[str, Any], "str | None"], None]
-"""Called with (the item's index in the run, the item, its journal row, the row's report
-record when made early) for every row."""
+_Kept = Mapping[str, Any] | PreparedRow  # a row the picker holds, parsed or not
+
+
+def _row_of(kept: _Kept) -> Mapping[str, Any]:
+    return kept.row if isinstance(kept, PreparedRow) else kept
+
+
+RowSink = Callable[[int, ItemRecord, PreparedRow], None]
+"""Called with (the item's index in the run, the item, its row) for every row."""
 Prepared = Callable[[ItemRecord], "Iterable[PreparedRow] | None"]
 """An item's rows made while it ran (in :meth:`Journal.latest` order), or None: read them."""
 
@@ -408,9 +449,9 @@ def write_parquet(
             item_part = item_line(run.run_id, item)
             for ready in _prepared_rows(run, item, prepared):
                 if picker is not None:
-                    picker.add(ready.row)
+                    picker.add_prepared(ready)
                 if on_row is not None:
-                    on_row(index, item, ready.row, ready.record)
+                    on_row(index, item, ready)
                 batch.append(parquet_line(item_part, ready.line))
                 if len(batch) >= batch_rows:
                     writer.write_table(_arrow_table(batch, schema))
@@ -433,7 +474,7 @@ def _prepared_rows(
     ready = prepared(item) if prepared is not None else None
     if ready is not None:
         return ready
-    return (PreparedRow(row, row_line(row, item.metric)) for row in item_rows(run, item))
+    return (PreparedRow.of(row, item.metric) for row in item_rows(run, item))
 
 
 def _arrow_table(lines: list[bytes], schema: Any) -> Any:

@@ -17,10 +17,10 @@ from pytest_modelbench.reporting.digest import Digests, JournalDigest
 from pytest_modelbench.reporting.examples import _COMPACT, example_record, indexed
 from pytest_modelbench.reporting.model import ItemRecord, RunData, load_run
 from pytest_modelbench.reporting.rows import (
+    FailingPicker,
     PreparedRow,
     item_rows,
     normal_row,
-    row_line,
     write_parquet,
 )
 from tests.conftest import Project, configure
@@ -65,7 +65,7 @@ def _run(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[RunData, ItemRecor
 
 
 def _cold(run: RunData, item: ItemRecord) -> list[PreparedRow]:
-    return [PreparedRow(r, row_line(r, item.metric)) for r in item_rows(run, item)]
+    return [PreparedRow.of(r, item.metric) for r in item_rows(run, item)]
 
 
 def _assert_same(made: list[PreparedRow] | None, run: RunData, item: ItemRecord) -> None:
@@ -73,6 +73,7 @@ def _assert_same(made: list[PreparedRow] | None, run: RunData, item: ItemRecord)
     assert made is not None
     assert [p.row for p in made] == [p.row for p in cold]
     assert [p.line for p in made] == [p.line for p in cold]
+    assert [(p.score, p.errored) for p in made] == [(p.score, p.errored) for p in cold]
     for p in made:  # the report's record, index added, is the one encoded from the row
         assert p.record is not None
         assert indexed(7, p.record) == _COMPACT.encode(example_record(7, item, p.row))
@@ -110,6 +111,36 @@ def test_rows_read_as_the_journal_grows_equal_the_file_read_at_the_end(tmp_path:
         "ex3",
     ]
     assert [normal_row(run.run_id, item, p.row)["score"] for p in made] == [1.0, 0.0, 1.0, 0.5, 1.0]
+
+
+def test_the_picker_chooses_from_made_rows_and_parses_only_those_it_picks(
+    tmp_path: Path,
+) -> None:
+    rows = [_row(n, score=1.0) for n in range(40)]
+    rows[5] = _row(5, score=None, error="HTTP 500", metrics={})
+    rows[9] = _row(9, score=0.0)
+    rows[17] = _row(17, score=None, metrics={"accuracy": 0.25})  # scored by the item's metric
+    rows[30] = _row(30, score=0.5)
+    run, item, journal = _run(tmp_path, [])
+    digests = Digests(poll_s=3600)
+    digests.started("bench.py::test[m-qa-seed0]", journal)
+    _grow(digests, journal, b"".join(_line(r) for r in rows))
+    made = digests.prepared(run, item)
+    assert made is not None
+    picker, cold = FailingPicker(item, 3), FailingPicker(item, 3)
+    for ready in made:
+        picker.add_prepared(ready)
+    for row in item_rows(run, item):
+        cold.add(row)
+    picked = picker.examples(run.run_id)
+    assert picked == cold.examples(run.run_id)
+    assert [(e.example_id, e.score) for e in picked] == [
+        ("ex5", None),
+        ("ex9", 0.0),
+        ("ex17", 0.25),
+    ]
+    parsed = [p.row["example_id"] for p in made if not isinstance(p._row, bytes)]
+    assert parsed == ["ex5", "ex9", "ex17"]  # the metric-scored row is parsed to be scored
 
 
 def test_lines_written_after_the_last_poll_are_read_at_session_end(tmp_path: Path) -> None:
