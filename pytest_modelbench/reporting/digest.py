@@ -32,7 +32,8 @@ __all__ = ["BUDGET_BYTES", "Digests", "JournalDigest"]
 POLL_S = 0.25  # how often the thread looks for new lines
 BATCH = 64  # lines made at a time before the GIL is handed back (the event loop may share it)
 # journal bytes held across the session (in memory about three times as much: each line as
-# read, its parquet line and its report record)
+# read, its parquet line and its report record; plus about 50 bytes a line for its key,
+# score and error flag, which matters only for very short lines)
 BUDGET_BYTES = 4 << 20
 # imported with the first rows made, off session end's path (which imports them otherwise)
 REPORT_MODULES = ("pytest_modelbench.reporting.html", "pytest_modelbench.reporting.leaderboard")

@@ -304,7 +304,8 @@ class PreparedRow:
     """A journal row with what session end makes of it: made while its item runs
     (:mod:`pytest_modelbench.reporting.digest`), or at session end from the file (:meth:`of`).
     ``row`` is parsed from the journal line only when asked for (the failing-example picker
-    needs only ``score`` and ``errored`` to choose)."""
+    needs only ``score`` and ``errored`` to choose); that parse, kept, is the only change
+    after it is made."""
 
     __slots__ = ("_row", "errored", "line", "record", "score")
 

@@ -139,6 +139,7 @@ def test_the_picker_chooses_from_made_rows_and_parses_only_those_it_picks(
         ("ex9", 0.0),
         ("ex17", 0.25),
     ]
+    # the private slot on purpose: whether the row was parsed is what this test is about
     parsed = [p.row["example_id"] for p in made if not isinstance(p._row, bytes)]
     assert parsed == ["ex5", "ex9", "ex17"]  # the metric-scored row is parsed to be scored
 
