@@ -81,7 +81,9 @@ def test_faults_every_example_once_with_retries_visible(project: Project, sim: A
         seed=3,
         faults={"error_5xx": 0.10, "timeout": 0.05, "reset": 0.02, "hang_s": 3.0},
     )
-    configure(project, server.base_url, n=400, timeout=0.5, max_retries=10)
+    # the client's timeout is well under the 3 s hang but far over a 2 ms answer, so that a
+    # loaded machine's pause never looks like a hang (a retried answer would count twice)
+    configure(project, server.base_url, n=400, timeout=1.5, max_retries=10)
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha")
     result.assert_outcomes(passed=1)
     (run_dir,) = project.run_dirs()
