@@ -21,9 +21,15 @@ rounds, with the sides in turn (which goes first alternates), it runs in each on
   (a built-in suite item, no ``configs/``) against one simulated server
   (``--slots 64 --latency 0.1``, fixed latency, started once for all runs).
 
+* a bare aiohttp client (``python -m pytest_modelbench.testing.loadgen``, the same number
+  of requests, ``slots`` at a time) against the same server.
+
 modelbench's own time is wall − the server's rounds (ceil(N / slots) × latency) − the
-same round's empty pytest session. For each side it prints the median and best of every
-figure, and each side's medians over the first side's.
+same round's empty pytest session. The simulated server and the loopback transport add time
+to every request, which any client pays: "own, net of the client's span" subtracts the bare
+client's span (its first request to its last answer, from the server's log) instead of the
+server's rounds, so that what is left is modelbench's own. For each side it prints the median
+and best of every figure, and each side's medians over the first side's.
 
     python perf/fixed_costs.py [--side old=HEAD --side new=WORKTREE] [--repeat 7]
                                [--env mmlu] [--requests 2000] [--slots 64] [--latency 0.1]
@@ -50,7 +56,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "sim-model"
 WORKTREE = "WORKTREE"
-FIELDS = ("own_s", "wall_s", "empty_s", "startup_s", "span_s", "tail_s", "plugin_s", "own_cpu_s")
+FIELDS = (
+    "own_s",
+    "own_net_s",
+    "wall_s",
+    "empty_s",
+    "startup_s",
+    "span_s",
+    "client_span_s",
+    "tail_s",
+    "plugin_s",
+    "own_cpu_s",
+)
 
 
 @dataclass(frozen=True)
@@ -77,10 +94,17 @@ class Round:
     rounds_s: float  # the server's own time: ceil(N / slots) × latency
     cpu_s: float  # CPU of the item's process (user + system)
     empty_cpu_s: float  # CPU of the empty session
+    client_span_s: float  # a bare aiohttp client's first request to last answer
 
     @property
     def own_s(self) -> float:
         return self.wall_s - self.rounds_s - self.empty_s
+
+    @property
+    def own_net_s(self) -> float:
+        """Own time with the bare client's span in place of the server's rounds: the simulator's
+        and the transport's time per request, which any client pays, taken out."""
+        return self.wall_s - self.client_span_s - self.empty_s
 
     @property
     def own_cpu_s(self) -> float:
@@ -279,6 +303,13 @@ class Bench:
         first = min(float(r["start"]) for r in records)
         last = max(float(r["end"]) for r in records)
         rounds_s = math.ceil(self.args.requests / self.args.slots) * self.args.latency
+        load = [python, "-m", "pytest_modelbench.testing.loadgen", self.server.base_url]
+        load += ["--requests", str(self.args.requests), "--concurrency", str(self.args.slots)]
+        load += ["--model", MODEL]
+        offset = self.server.offset()
+        timed(load, self.project, env)
+        bare = self.server.completions_since(offset)
+        client_span_s = max(float(r["end"]) for r in bare) - min(float(r["start"]) for r in bare)
         return Round(
             wall_s=ended - started,
             startup_s=first - started,
@@ -289,6 +320,7 @@ class Bench:
             rounds_s=rounds_s,
             cpu_s=cpu_s,
             empty_cpu_s=empty_cpu_s,
+            client_span_s=client_span_s,
         )
 
 
@@ -322,9 +354,10 @@ def report(sides: Sequence[Side], results: dict[str, list[Round]], header: str) 
     ]
     lines += [
         "",
-        "| side | own s | wall s | empty pytest s | start-up s | span s | tail s "
-        "| plugin load s | own CPU s | own s, each round |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| side | own s | own, net of the client's span s | wall s | empty pytest s "
+        "| start-up s | span s | bare client's span s | tail s | plugin load s | own CPU s "
+        "| own s, each round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for side in sides:
         rounds = results[side.label]
@@ -333,16 +366,25 @@ def report(sides: Sequence[Side], results: dict[str, list[Round]], header: str) 
         lines.append(f"| {side.label} | {cells} | {each} |")
     lines.append("")
     lines.append(
-        "Median (best) of the rounds; own = wall − the server's rounds − empty pytest; own CPU "
-        "= the item's CPU − the empty session's; plugin load = empty pytest − the same with "
-        "`-p no:modelbench`."
+        "Median (best) of the rounds; own = wall − the server's rounds − empty pytest; own, net "
+        "of the client's span = wall − a bare aiohttp client's span against the same server − "
+        "empty pytest; own CPU = the item's CPU − the empty session's; plugin load = empty "
+        "pytest − the same with `-p no:modelbench`."
     )
     first = sides[0]
     for side in sides[1:]:
         ratios = ", ".join(
             f"{name.removesuffix('_s')} "
             f"{median(results[side.label], name) / median(results[first.label], name):.2f}×"
-            for name in ("own_s", "wall_s", "startup_s", "span_s", "tail_s", "own_cpu_s")
+            for name in (
+                "own_s",
+                "own_net_s",
+                "wall_s",
+                "startup_s",
+                "span_s",
+                "tail_s",
+                "own_cpu_s",
+            )
         )
         lines.append(f"{side.label} / {first.label} (medians): {ratios}")
     return "\n".join(lines)
@@ -389,8 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(
                         f"  round {index + 1} {side.label}: own {done.own_s:.2f} s, wall "
                         f"{done.wall_s:.2f}, empty {done.empty_s:.2f}, start-up "
-                        f"{done.startup_s:.2f}, span {done.span_s:.2f}, tail {done.tail_s:.2f}, "
-                        f"own CPU {done.own_cpu_s:.2f}",
+                        f"{done.startup_s:.2f}, span {done.span_s:.2f} (bare client "
+                        f"{done.client_span_s:.2f}), tail {done.tail_s:.2f}, own CPU "
+                        f"{done.own_cpu_s:.2f}",
                         file=sys.stderr,
                         flush=True,
                     )
