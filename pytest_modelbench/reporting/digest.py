@@ -119,6 +119,7 @@ class JournalDigest:
 
         lines = (self._tail + data).split(b"\n")
         self._tail = lines.pop()
+        made = self._made
         for start in range(0, len(lines), BATCH):
             for line in lines[start : start + BATCH]:
                 if not line.strip():
@@ -129,7 +130,6 @@ class JournalDigest:
                     return
                 key, row = parsed
                 early = not needs_metric(row)
-                made = self._made
                 made.ids.append(key[0])
                 made.rollouts.append(key[1])
                 made.lines.append(line)

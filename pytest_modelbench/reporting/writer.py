@@ -343,9 +343,9 @@ def _planned_from_ids(ids: list[str], session: SessionView) -> dict[str, str]:
         return {}
     planned = {}
     for nodeid in ids:
-        if "[" not in nodeid:
+        param = _node_param(nodeid)
+        if param is None:
             continue
-        param = _node_param(nodeid) or ""
         matches = [item_id for item_id in by_id if item_id == param or item_id in param]
         if matches:
             best = max(matches, key=len)

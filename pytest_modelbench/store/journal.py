@@ -331,10 +331,8 @@ class Journal:
         if not self._is_held_file(before):
             self._forget()
             return
-        try:
-            opened = os.fstat(handle.fileno())
-        except OSError:
-            self._forget()
+        opened = self._fstat_or_forget(handle)
+        if opened is None:
             return
         same_bytes = opened.st_size == (before.st_size if before is not None else 0)
         if before is not None:
@@ -385,15 +383,21 @@ class Journal:
         modification time), or nothing is held when another writer appended too."""
         if self._held is None:
             return
-        try:
-            closed = os.fstat(handle.fileno())
-        except OSError:
-            self._forget()
+        closed = self._fstat_or_forget(handle)
+        if closed is None:
             return
         if (closed.st_dev, closed.st_ino) == self._held_file and closed.st_size == self._held_size:
             self._held_mtime = closed.st_mtime_ns
         else:
             self._forget()
+
+    def _fstat_or_forget(self, handle: IO[str]) -> os.stat_result | None:
+        """The open file's status; None, and nothing held, when it cannot be read."""
+        try:
+            return os.fstat(handle.fileno())
+        except OSError:
+            self._forget()
+            return None
 
     def discard(self, reason: str) -> Path | None:
         """Move the journal aside (kept for inspection) so the item starts over."""
