@@ -107,12 +107,15 @@ def test_the_same_rows_as_rollouts_get_the_same_exact_answer() -> None:
     assert value_gate(0.10).evaluate(summary_of(zero), zero).p_value == pytest.approx(0.59049)
 
 
-def test_a_vanishing_standard_error_is_undecidable() -> None:
-    flat = {f"q{i}": [0.5] for i in range(40)}  # a continuous metric, every score equal
-    verdict = value_gate(0.6).evaluate(summary_of(flat, "reward"), flat)
+def test_a_vanishing_standard_error_is_undecidable_only_without_bounds() -> None:
+    # equal scores in [0, 1] are decided (tests/unit/test_gate_degenerate.py); outside 0..1
+    # nothing bounds how they could vary against an exact number
+    flat = {f"q{i}": [5.0] for i in range(40)}
+    verdict = value_gate(6.0).evaluate(summary_of(flat, "reward"), flat)
     assert verdict.passed and verdict.p_value is None and verdict.status == "undecidable"
-    assert verdict.undecidable == "all 40 scores are 0.500: zero standard error"
-    assert "undecidable, passes untested (all 40 scores are 0.500" in verdict.message
+    assert verdict.undecidable.startswith("all 40 scores are 5.000 against 6.000, not a 0..1")
+    assert "would decide it" in verdict.undecidable
+    assert "undecidable, passes untested (all 40 scores are 5.000" in verdict.message
     # without rows, a summary whose stderr vanished (0/5 scored as Wald) decides nothing either
     empty = ScoreSummary("accuracy", 0.0, 5, 0.0, 0.0, 0.0, "env")
     assert value_gate(0.10).evaluate(empty).status == "undecidable"
@@ -379,7 +382,8 @@ def test_paired_t_and_bootstrap_agree_with_their_intervals() -> None:
                 assert verdict.p_value == pytest.approx(expected, rel=1e-8)
     same = {k: v - 0.05 for k, v in ref.items()}  # every difference identical: se 0
     verdict = PairedRule(ref, method="t").evaluate(ScoreSummary("reward", 0.4, 60, 0.03), same)
-    assert verdict.passed and verdict.status == "undecidable" and verdict.p_value is None
+    assert not verdict.passed and verdict.p_value == pytest.approx(0.5**60)
+    assert agrees_with_its_interval(verdict)
 
 
 # --------------------------------------------------------------------------- the property grid

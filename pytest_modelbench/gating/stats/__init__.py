@@ -48,6 +48,7 @@ from pytest_modelbench.gating.stats.estimates import (
 )
 from pytest_modelbench.gating.stats.noninferiority import (
     NonInferiorityResult,
+    constant_bounded_test,
     exact_binomial_test,
     farrington_manning_test,
     fm_restricted_mle,
@@ -57,6 +58,7 @@ from pytest_modelbench.gating.stats.significance import (
     Alternative,
     McNemarResult,
     PairedResult,
+    equal_differences_test,
     holm_adjust,
     mcnemar_exact,
     mcnemar_exact_ci,
@@ -78,7 +80,9 @@ __all__ = [
     "clopper_pearson_interval",
     "clustered_mean",
     "clustered_mean_estimate",
+    "constant_bounded_test",
     "design_effect",
+    "equal_differences_test",
     "exact_binomial_test",
     "farrington_manning_test",
     "find_root",

@@ -11,6 +11,9 @@ more than the margin, one-sided at ``alpha``, and returns the two-sided
   its own n; a score test whose variance uses the restricted MLE under H0
   (Farrington & Manning 1990), continuity-corrected so that its size stays
   at or below alpha at small n.
+* :func:`constant_bounded_test`: scores that are all equal, each in [0, 1],
+  against an exact baseline: the exact test on the sample maximum (no spread
+  is not "no evidence": n equal scores of 0.2 cannot come from a mean of 0.95).
 * :func:`mean_noninferiority_test`: means, by the (Welch) t-test. A zero or
   undefined standard error cannot decide anything: ``p_value`` is None.
 """
@@ -87,6 +90,43 @@ def exact_binomial_test(
         "exact binomial",
         estimate,
         estimate - baseline,
+        margin,
+        p_value,
+        low - baseline,
+        high - baseline,
+        1.0 - 2.0 * alpha,
+    )
+
+
+def constant_bounded_test(
+    value: float, n: int, baseline: float, margin: float = 0.0, alpha: float = 0.05
+) -> NonInferiorityResult:
+    """Exact one-sided test of H0: mean >= baseline - margin when all ``n`` scores equal
+    ``value`` and every score lies in [0, 1] (partial credit).
+
+    The statistic is the sample maximum. For a score X in [0, 1] with mean mu,
+    P(X <= value) <= (1 - mu) / (1 - value) (Markov's inequality on 1 - X, attained by
+    the two-point law on {value, 1}), so the p-value is ((1 - null) / (1 - value))^n,
+    exactly its supremum over H0. Inverting the same bound on both sides gives the
+    interval [value alpha^(1/n), 1 - (1 - value) alpha^(1/n)] for the mean, so the test
+    fails exactly when the interval lies below baseline - margin.
+    """
+    _check(alpha, margin)
+    if n < 1 or not 0.0 <= value <= 1.0:
+        raise ValueError(f"constant_bounded_test: need n >= 1 and value in [0, 1], got {value}/{n}")
+    null = baseline - margin
+    if value >= null:
+        p_value = 1.0
+    elif null > 1.0:
+        p_value = 0.0  # no score in [0, 1] has a mean above 1
+    else:
+        p_value = ((1.0 - null) / (1.0 - value)) ** n
+    root = alpha ** (1.0 / n)
+    low, high = value * root, 1.0 - (1.0 - value) * root
+    return NonInferiorityResult(
+        f"exact test for {n} equal scores in [0, 1]",
+        value,
+        value - baseline,
         margin,
         p_value,
         low - baseline,
