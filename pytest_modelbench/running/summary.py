@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_modelbench.gating import stats
+from pytest_modelbench.store.journal import row_key
+from pytest_modelbench.store.runstore import SELECTED_KEYS
 
 
 def _finite(value: float) -> float | None:
@@ -38,6 +40,8 @@ def summarise_rows(
     """Summary fields from journal rows (the last row per example/rollout), read once, so
     ``rows`` can stream from the journal (a row is not kept after it is counted).
 
+    The (example, rollout) keys summarised go under :data:`SELECTED_KEYS`: the gate and
+    :meth:`EvalResult.rows` read exactly those, whatever else the journal holds.
     ``truncated`` counts scored replies that ran out of tokens (``finish_reason: length``);
     ``truncated_in_reasoning`` those of them with no answer yet (still thinking)."""
     by_metric: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -47,8 +51,10 @@ def summarise_rows(
     truncated = truncated_in_reasoning = 0
     latency: list[float] = []
     retries = 0
+    selected: list[tuple[str, int]] = []
     for row in rows:
         n_rows += 1
+        selected.append(row_key(row))
         retries += max(0, int(row.get("attempts") or 1) - 1)
         if row.get("error"):
             errors += 1
@@ -88,4 +94,5 @@ def summarise_rows(
             "p50": latency[len(latency) // 2] if latency else None,
             "p95": latency[int(len(latency) * 0.95)] if latency else None,
         },
+        SELECTED_KEYS: selected,  # ItemStore.finish keeps it beside the summary, not in it
     }

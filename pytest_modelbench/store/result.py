@@ -214,8 +214,10 @@ class EvalResult:
         return {name: entry.get("value") for name, entry in self.summary.get("metrics", {}).items()}
 
     def rows(self) -> list[dict[str, Any]]:
-        """Per-example rows from ``results.jsonl`` (prompt, completion, gold, metrics, error...)."""
-        return list(ItemStore(self.directory).journal.read().values())
+        """Per-example rows from ``results.jsonl`` (prompt, completion, gold, metrics, error...):
+        exactly the examples the summary covers, each rollout once, whatever else the journal
+        holds (a larger ``--num-examples`` of an earlier session)."""
+        return ItemStore(self.directory).selected_rows(self.summary)
 
     def check_baseline(self) -> None:
         """Fail the calling test with the gate's one-paragraph message on a significant regression."""

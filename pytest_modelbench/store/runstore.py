@@ -38,6 +38,9 @@ JOURNAL = "results.jsonl"
 SUMMARY = "summary.json"
 METADATA = "metadata.json"
 RESULT = "result.json"  # store.result.EvalResult: the item's verdict
+SELECTION = "selection.json"  # the (example, rollout) keys the summary covers
+SELECTED_KEYS = "selected_keys"  # where a summary being finished carries them (not written)
+SELECTION_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -73,11 +76,35 @@ class ItemStore:
         atomic_write_json(self.metadata_path, metadata.to_json())
         self._manifest(ManifestEntry.running(metadata))
 
-    def finish(self, summary: Mapping[str, Any], entry: ManifestEntry) -> None:
-        """The item's summary, then its manifest entry (a kill between them is repaired by
-        :meth:`settle` when the item is next read back)."""
+    def finish(self, summary: dict[str, Any], entry: ManifestEntry) -> None:
+        """The keys the summary covers (taken out of ``summary``), the item's summary, then its
+        manifest entry (a kill between them is repaired by :meth:`settle` when the item is next
+        read back)."""
+        selected = summary.pop(SELECTED_KEYS, None)
+        if selected is not None:
+            atomic_write_json(
+                self.directory / SELECTION,
+                {"schema_version": SELECTION_VERSION, "keys": [list(key) for key in selected]},
+            )
         self.write_summary(summary)
         self._manifest(entry)
+
+    def selection(self, summary: Mapping[str, Any]) -> set[tuple[str, int]] | None:
+        """The (example, rollout) keys ``summary`` covers, or None when not recorded (an item
+        finished by an older version) or not this summary's (another count of rows)."""
+        data = read_json(self.directory / SELECTION)
+        if not isinstance(data, dict) or data.get("schema_version") != SELECTION_VERSION:
+            return None
+        keys = data.get("keys")
+        if not isinstance(keys, list) or len(keys) != summary.get("n_rows"):
+            return None
+        return {(str(key[0]), int(key[1])) for key in keys}
+
+    def selected_rows(self, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The journal's last row of each key ``summary`` covers (each rollout once), in file
+        order; every key's last row when the selection is not recorded."""
+        keys = self.selection(summary)
+        return list(self.journal.latest(None if keys is None else keys.__contains__))
 
     def fail(self, error: str) -> None:
         """Best effort, while another failure is being reported: mark the entry as errored."""
@@ -114,7 +141,7 @@ class ItemStore:
     def clear_summary(self) -> None:
         """Remove the summary and the item's saved record (``result.json``): both describe
         results that are being recomputed."""
-        for path in (self.summary_path, self.directory / RESULT):
+        for path in (self.summary_path, self.directory / RESULT, self.directory / SELECTION):
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -127,6 +154,8 @@ class ItemStore:
         metadata and summary copied; the summary last, so a crash leaves no half-seeded item."""
         link_or_copy(other.journal.path, self.journal.path)
         link_or_copy(other.metadata_path, self.metadata_path, link=False)
+        if (other.directory / SELECTION).exists():
+            link_or_copy(other.directory / SELECTION, self.directory / SELECTION, link=False)
         link_or_copy(other.summary_path, self.summary_path, link=False)
 
 
