@@ -27,6 +27,47 @@ def remember(value: str | None) -> None:
         _secrets.add(value)
 
 
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "cookie", "session")
+_SCHEMES = ("bearer", "basic", "token", "apikey", "api-key", "digest")
+
+
+def is_credential_header(name: str) -> bool:
+    """Whether a header's name says its value is a credential (``Authorization``,
+    ``X-Api-Key``, ``Cookie`` ...)."""
+    return any(word in name.lower() for word in _CREDENTIAL_WORDS)
+
+
+def remember_header(name: str, value: str) -> None:
+    """Treat a credential header's value as secret, and each part a server could echo alone:
+    the token after ``Bearer``/``Basic``/``Token``, a Basic token's ``user:password`` and its
+    password, and each ``name=value`` of a cookie."""
+    if not is_credential_header(name):
+        return
+    remember(value)
+    scheme, _, credential = value.strip().partition(" ")
+    if scheme.lower() in _SCHEMES and credential.strip():
+        credential = credential.strip()
+        remember(credential)
+        if scheme.lower() == "basic":
+            _remember_basic(credential)
+    for part in value.split(";"):
+        _, eq, cookie = part.partition("=")
+        if eq:
+            remember(cookie.strip())
+
+
+def _remember_basic(token: str) -> None:
+    import base64
+    import binascii
+
+    try:
+        decoded = base64.b64decode(token, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return
+    remember(decoded)
+    remember(decoded.partition(":")[2])
+
+
 def redact(text: str) -> str:
     """``text`` without any registered secret or token-looking string."""
     if not text:

@@ -121,7 +121,30 @@ OPTIONS: tuple[Option, ...] = (
         "baseline_run",
         "paired comparison against this run's per-example results",
     ),
-    Option("--mb-require-baseline", "require_baseline", "items without a baseline fail", "flag"),
+    Option(
+        "--mb-baseline-model",
+        "baseline_model",
+        "the model to pair with in the reference run (default: this item's model, or the "
+        "reference run's only model)",
+    ),
+    Option(
+        "--mb-allow-unfinished-baseline",
+        "allow_unfinished_baseline",
+        "pair with an unfinished reference item on the examples it has",
+        "flag",
+    ),
+    Option(
+        "--mb-update-failed-baselines",
+        "update_failed_baselines",
+        "let --update-baselines write the scores of items that failed their gate",
+        "flag",
+    ),
+    Option(
+        "--mb-require-baseline",
+        "require_baseline",
+        "items without a baseline, or whose gate cannot decide, fail",
+        "flag",
+    ),
     Option("--mb-gpus", "gpus", "GPUs to use, e.g. 0,1,3 (default: visible and free ones)"),
     Option(
         "--mb-error-budget",
@@ -497,6 +520,9 @@ class RunOptions:
     correction: str
     dist: str | None  # --mb-dist: None decides by the run (see pytest_modelbench.scheduling)
     allow_weak_sandbox: bool = False  # --mb-allow-weak-sandbox
+    baseline_model: str | None = None  # --mb-baseline-model
+    allow_unfinished_baseline: bool = False  # --mb-allow-unfinished-baseline
+    update_failed_baselines: bool = False  # --mb-update-failed-baselines
 
     @property
     def selects_items(self) -> bool:
@@ -553,6 +579,9 @@ class RunOptions:
             correction=correction,
             dist=_as_dist(_raw(config, "dist")),
             allow_weak_sandbox=bool(_raw(config, "allow_weak_sandbox")),
+            baseline_model=_raw(config, "baseline_model"),
+            allow_unfinished_baseline=bool(_raw(config, "allow_unfinished_baseline")),
+            update_failed_baselines=bool(_raw(config, "update_failed_baselines")),
         )
 
 

@@ -14,6 +14,7 @@ import subprocess
 import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,15 @@ from pytest_modelbench.gating import gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference run's per-example scores for one item, and what the verdict says of them."""
+
+    scores: dict[str, float]
+    model: str | None = None  # the reference's model, when it is not this item's
+    unfinished: int | None = None  # rows of an unfinished item (--mb-allow-unfinished-baseline)
 
 
 class BaselineBook:
@@ -37,12 +47,16 @@ class BaselineBook:
         require: bool = False,
         baseline_run: str | None = None,
         alpha: float = gates.DEFAULT_ALPHA,
+        baseline_model: str | None = None,
+        allow_unfinished: bool = False,
     ) -> None:
         self.baseline_dir = baseline_dir
         self.runs_parent = runs_parent
         self.require = require
         self.baseline_run = baseline_run
         self.alpha = alpha
+        self.baseline_model = baseline_model  # --mb-baseline-model
+        self.allow_unfinished = allow_unfinished  # --mb-allow-unfinished-baseline
         self._files: dict[str, dict[str, BaselineEntrySpec]] = {}
 
     def path_for(self, model: str) -> Path:
@@ -61,26 +75,91 @@ class BaselineBook:
                 return entries[key], key
         return None, ""
 
-    def reference_scores(self, run_id: str, result: EvalResult, metric: str) -> dict[str, float]:
-        """Per-example scores (mean over rollouts) of the same item in run ``run_id``."""
+    def reference_scores(self, run_id: str, result: EvalResult, metric: str) -> Reference:
+        """Per-example scores (mean over rollouts) of the same variant and seed in run
+        ``run_id``: the examples its summary covers, from a finished item only (unless
+        ``allow_unfinished``); its model is :meth:`_reference_item`'s."""
         run_dir = self.runs_parent / run_id
         if not run_dir.is_dir():
             raise EvaluationError(
                 f"--baseline-run / run: {run_id!r}: no such run directory {display_path(run_dir)} "
                 "(list runs with 'ls runs/' or 'modelbench runs')"
             )
-        journal = RunStore(run_dir).item(result.item_id).journal
+        item_id, model, status = self._reference_item(run_id, RunStore(run_dir), result)
+        item = RunStore(run_dir).item(item_id)
+        summary = item.read_summary()
+        finished = summary is not None and summary.get("status") == "finished"
+        finished = finished and status not in ("running", "interrupted", "error")
+        rows = item.selected_rows(summary) if finished and summary else list(item.journal.latest())
         sums: dict[str, list[float]] = defaultdict(list)
-        for row in journal.latest():
+        for row in rows:
             value = (row.get("metrics") or {}).get(metric)
             if not row.get("error") and value is not None:
                 sums[str(row["example_id"])].append(float(value))
+        if not finished and not self.allow_unfinished:
+            raise EvaluationError(
+                f"reference run {run_id!r}: {item_id} is unfinished ({status or 'no summary'}, "
+                f"{len(sums)} example(s) scored in its journal), so it cannot stand for that "
+                f"model: finish it (pytest ... --mb-run-id {run_id}) or pass "
+                "--mb-allow-unfinished-baseline to compare on the examples it has"
+            )
         if not sums:
             raise EvaluationError(
-                f"reference run {run_id!r} has no finished results for {result.item_id}; "
+                f"reference run {run_id!r} has no finished results for {item_id}; "
                 "run that item there first or drop --baseline-run"
             )
-        return {key: sum(values) / len(values) for key, values in sums.items()}
+        scores = {key: sum(values) / len(values) for key, values in sums.items()}
+        return Reference(
+            scores,
+            model=model if model != result.model else None,
+            unfinished=None if finished else len(rows),
+        )
+
+    def _reference_item(
+        self, run_id: str, store: RunStore, result: EvalResult
+    ) -> tuple[str, str, str | None]:
+        """(item id, model, manifest status) of ``result``'s variant and seed in the reference
+        run: the same model's item, else ``--mb-baseline-model``'s, else the run's one model's
+        (a checkpoint compared with yesterday's under another name)."""
+        entries = {
+            item_id: entry
+            for item_id, entry in (store.read_manifest().get("items") or {}).items()
+            if isinstance(entry, dict)
+        }
+
+        def find(model: str) -> str | None:
+            for item_id, entry in entries.items():
+                if (entry.get("model"), entry.get("variant"), entry.get("seed")) == (
+                    model,
+                    result.variant,
+                    result.seed,
+                ):
+                    return str(item_id)
+            return None
+
+        models = sorted({str(e["model"]) for e in entries.values() if e.get("model")})
+        wanted = self.baseline_model
+        if wanted is None:
+            if find(result.model) is not None or len(models) != 1:
+                wanted = result.model
+            else:
+                wanted = models[0]  # the run holds one model: pair by variant and seed
+        item_id = find(wanted)
+        if item_id is not None:
+            status = entries[item_id].get("status")
+            return item_id, wanted, None if status is None else str(status)
+        if not entries:  # a run without a manifest: its directory by this item's id
+            return result.item_id, result.model, None
+        if wanted not in models:
+            flag = "--mb-baseline-model" if self.baseline_model else "pass --mb-baseline-model"
+            raise EvaluationError(
+                f"reference run {run_id!r} has no model {wanted!r} (it holds "
+                f"{', '.join(models) or 'none'}): {flag} NAME names the reference's model"
+            )
+        raise EvaluationError(
+            f"reference run {run_id!r} has no item of {wanted} for {result.variant} seed "
+            f"{result.seed}; run that item there first or drop --baseline-run"
+        )
 
     def current(self, result: EvalResult, metric: str) -> gates.ScoreSummary:
         entry = result.summary.get("metrics", {}).get(metric) or {}
@@ -116,14 +195,21 @@ class BaselineBook:
         reference = self.reference_scores(run_id, result, metric) if run_id else None
         rule = gates.rule_for(
             entry,
-            reference_scores=reference,
+            reference_scores=reference.scores if reference else None,
+            reference_model=reference.model if reference else None,
+            reference_unfinished=reference.unfinished if reference else None,
             alpha=self.alpha,
             required=self.require,
             current_run=result.directory.parent.name or None,
             item=result.item_id,
         )
-        rows = None if isinstance(rule, gates.MinRule) else self.example_scores(result, metric)
-        return rule.evaluate(current, rows)
+        rows = self.example_scores(result, metric)
+        errored = self.errored_examples(result)
+        if errored:  # no error may move the verdict: gated with them counted wrong
+            verdict = gates.gate_with_errors(rule, current, rows, errored)
+        else:
+            verdict = rule.evaluate(current, None if isinstance(rule, gates.MinRule) else rows)
+        return gates.require_decided(verdict) if self.require else verdict
 
     def _check_range(
         self, spec: BaselineEntrySpec, where: str, result: EvalResult, metric: str
@@ -144,6 +230,14 @@ class BaselineBook:
             f"{where}: {name} {value:g} is outside 0..1, but {metric} scores each example 0 or 1, "
             f"so its score is a fraction{hint}"
         )
+
+    @staticmethod
+    def errored_examples(result: EvalResult) -> list[str]:
+        """The example id of each errored row the summary covers (one per rollout): left out
+        of the score, so the gate counts them both ways."""
+        if not result.errors:
+            return []
+        return [str(row["example_id"]) for row in result.rows() if row.get("error")]
 
     @staticmethod
     def example_scores(result: EvalResult, metric: str) -> dict[str, list[float]]:
@@ -190,6 +284,8 @@ def update_baselines(
     *,
     replace: bool = False,
     errors: list[str] | None = None,
+    include_failed: bool = False,
+    skipped: list[str] | None = None,
 ) -> list[Path]:
     """Write this run's scores as baselines, one file per model, keeping comments and other entries;
     returns the files written.
@@ -197,17 +293,17 @@ def update_baselines(
     Several seeds of one variant are averaged (their n summed). An entry measured on more
     examples than this run is kept (with a warning) unless ``replace`` (``--mb-replace-baselines``).
     A file that cannot be read or written (a read-only ``configs/``) is one line in ``errors``
-    (a :class:`BaselineWarning` without it); the other files are still written.
+    (a :class:`BaselineWarning` without it); the other files are still written. A variant
+    any of whose items failed its gate is left as it was, with one line in ``skipped`` (a
+    regressed model must not become its own baseline), unless ``include_failed``
+    (``--mb-update-failed-baselines``).
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
     yaml = YAML()
     yaml.preserve_quotes = True
-    by_model: dict[str, dict[str, list[EvalResult]]] = defaultdict(lambda: defaultdict(list))
-    for record in records:
-        if record.score is not None:
-            by_model[record.model][record.variant].append(record)
+    by_model = _to_write(baseline_dir, records, include_failed, skipped)
     written = []
     today = _dt.date.today().isoformat()
     for model, variants in sorted(by_model.items()):
@@ -264,6 +360,40 @@ def update_baselines(
             continue
         written.append(path)
     return written
+
+
+def _to_write(
+    baseline_dir: Path,
+    records: Sequence[EvalResult],
+    include_failed: bool,
+    skipped: list[str] | None,
+) -> dict[str, dict[str, list[EvalResult]]]:
+    """Scored records by model and variant, without variants any of whose items failed its
+    gate (one line each in ``skipped``, a :class:`BaselineWarning` without it) unless
+    ``include_failed``."""
+    by_model: dict[str, dict[str, list[EvalResult]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        if record.score is not None:
+            by_model[record.model][record.variant].append(record)
+    if include_failed:
+        return by_model
+    for model, variants in by_model.items():
+        for variant, recs in list(variants.items()):
+            failed = [r.item_id for r in recs if r.verdict is not None and not r.verdict.passed]
+            if not failed:
+                continue
+            del variants[variant]
+            line = (
+                f"--update-baselines: kept {variant!r} in "
+                f"{display_path(baseline_dir / f'{safe_component(model)}.yaml')}: "
+                f"{', '.join(failed)} failed its gate (pass --mb-update-failed-baselines to "
+                "write a failed score as the baseline)"
+            )
+            if skipped is None:
+                warnings.warn(BaselineWarning(line), stacklevel=3)
+            else:
+                skipped.append(line)
+    return by_model
 
 
 def _not_written(path: Path, reason: str, errors: list[str] | None) -> None:

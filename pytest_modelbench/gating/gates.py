@@ -12,7 +12,10 @@ Every statistical rule fails an item only when the drop *beyond the margin*
 is significant at ``alpha`` (one-sided): a noisy dip passes. Each verdict
 carries the (1 - 2 alpha) interval for the difference that inverts the same
 test, so a verdict fails exactly when that interval lies below ``-margin``;
-a test whose standard error is zero or undefined is "undecidable" and passes.
+a test that cannot decide (one example, or equal scores outside 0..1 against an exact
+number) is "undecidable": it passes, unless ``--require-baseline`` makes it fail. Equal
+scores are not "no evidence": equal paired differences go to the exact sign-flip test and
+equal scores in [0, 1] to an exact bounded test (or Farrington–Manning on their sum).
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ __all__ = [
     "NonInferiorityRule",
     "PairedRule",
     "ScoreSummary",
+    "gate_with_errors",
     "holm_adjust_verdicts",
     "min_paired_examples",
     "no_baseline_verdict",
+    "require_decided",
     "rule_for",
+    "scored_summary",
 ]
 
 DEFAULT_ALPHA = 0.05
@@ -193,8 +199,11 @@ class NonInferiorityRule:
       examples - 1), Welch's when the baseline has a ``stderr`` or ``n``
       (its spread then assumed equal to this run's).
 
-    Without rows it is a t-test on the summary's stderr. A zero or undefined
-    standard error is undecidable: the item passes and the message says so.
+    All scores equal (zero spread) in [0, 1]: the exact test on the sample maximum
+    against an exact baseline, Farrington–Manning on the scores' sum against one with
+    its own n. Without rows it is a t-test on the summary's stderr. One example, or equal
+    scores outside 0..1 against an exact number, is undecidable: the item passes (fails
+    under ``--require-baseline``) and the message says what would decide it.
     """
 
     value: float
@@ -278,13 +287,34 @@ class NonInferiorityRule:
         result = self._t_test(estimate.value, stderr, len(values), estimate.n, method)
         if not result.undecidable:
             return result
+        if constant and len(rows) > 1 and 0.0 <= values[0] <= 1.0 and 0.0 <= self.value <= 1.0:
+            return self._constant_test(values[0], len(rows), len(values))
         if len(rows) < 2:
-            reason = f"one example: {result.reason}"
+            reason = f"one example: {result.reason}; more examples would decide it"
         elif constant:
-            reason = f"all {len(values)} scores are {_num(values[0])}: {result.reason}"
+            reason = (
+                f"all {len(values)} scores are {_num(values[0])} against {_num(self.value)}, "
+                f"not a 0..1 scale, so nothing bounds how they could vary: {result.reason}; "
+                "a baseline with its stderr or n "
+                "(--update-baselines writes both) or a paired run: reference would decide it"
+            )
         else:
             reason = result.reason
         return dataclasses.replace(result, reason=reason)
+
+    def _constant_test(self, value: float, examples: int, rows: int) -> stats.NonInferiorityResult:
+        """Every score equals ``value`` in [0, 1] and the baseline gives no spread either:
+        the exact bounded test against an exact baseline, else the Farrington–Manning score
+        test on the scores' sum (a [0, 1] score varies at most as a 0/1 one with its mean)."""
+        if not self.baseline_n:
+            return stats.constant_bounded_test(value, examples, self.value, self.margin, self.alpha)
+        baseline_n = self.baseline_n * examples / rows  # rollouts: a baseline n counts rows
+        result = stats.farrington_manning_test(
+            value * examples, examples, self.value, baseline_n, self.margin, self.alpha
+        )
+        return dataclasses.replace(
+            result, method=f"{result.method} on {examples} equal scores in [0, 1]"
+        )
 
     def _summary_test(self, current: ScoreSummary) -> stats.NonInferiorityResult:
         n = current.n
@@ -369,6 +399,8 @@ class PairedRule:
     current_run: str | None = None
     item: str = ""
     required: bool = False
+    reference_model: str | None = None
+    reference_unfinished: int | None = None
     name: str = "paired"
 
     def evaluate(
@@ -399,6 +431,8 @@ class PairedRule:
             reference_run=self.reference_run,
             n_shared=len(shared),
             binary=binary,
+            reference_model=self.reference_model,
+            reference_unfinished=self.reference_unfinished,
         )
         if len(shared) < min_paired_examples(self.alpha):
             return self._too_few(base, current)
@@ -456,12 +490,9 @@ class PairedRule:
             )
         else:
             if _constant([a - b for a, b in zip(new, ref, strict=True)]):
-                reason = f"every paired difference is {_signed(delta)}: zero standard error"
-                test = "paired t-test" if self.method == "t" else "paired bootstrap"
-                return stats.NonInferiorityResult(
-                    test, estimate, delta, self.margin, None, math.nan, math.nan, confidence, reason
-                )
-            if self.method == "t":
+                # zero spread is not zero evidence: n equal drops have probability 2^-n
+                result = stats.equal_differences_test(delta, n, -self.margin, confidence)
+            elif self.method == "t":
                 result = stats.paired_t_test(new, ref, -self.margin, "less", confidence)
             else:
                 result = stats.paired_bootstrap_test(
@@ -532,6 +563,8 @@ def rule_for(
     required: bool = False,
     current_run: str | None = None,
     item: str = "",
+    reference_model: str | None = None,
+    reference_unfinished: int | None = None,
 ) -> GateRule:
     """The rule a baseline entry asks for.
 
@@ -540,6 +573,8 @@ def rule_for(
     non-inferiority and ``min`` a floor. ``entry.alpha`` beats ``alpha``.
     ``required`` (``--require-baseline``), ``current_run`` and ``item`` are for
     a paired gate with too few shared examples: a failure, or an error naming them.
+    ``reference_model`` (another checkpoint's name) and ``reference_unfinished`` (rows of an
+    unfinished reference item) are said in a paired verdict's paragraph.
     """
     alpha = entry.alpha if entry.alpha is not None else alpha
     if reference_scores is not None:
@@ -553,6 +588,8 @@ def rule_for(
             current_run=current_run,
             item=item,
             required=required,
+            reference_model=reference_model,
+            reference_unfinished=reference_unfinished,
         )
     if entry.run is not None:
         raise ValueError(
@@ -571,6 +608,71 @@ def rule_for(
     if entry.min is not None:
         return MinRule(floor=entry.min, baseline_path=entry.path)
     raise ValueError(f"baseline for {entry.metric!r} has none of 'value', 'min' or 'run'")
+
+
+def scored_summary(metric: str, rows: Mapping[str, Sequence[float]], subject: str) -> ScoreSummary:
+    """What ``summary.json`` would say about these rows (example id -> rollout scores)."""
+    values = [v for scores in rows.values() for v in scores]
+    clusters = [key for key, scores in rows.items() for _ in scores]
+    estimate = stats.summarize_scores(values, clusters)
+    return ScoreSummary(
+        metric,
+        estimate.value,
+        len(rows),
+        estimate.stderr,
+        _finite_or_none(estimate.ci_low),
+        _finite_or_none(estimate.ci_high),
+        subject,
+    )
+
+
+def gate_with_errors(
+    rule: GateRule,
+    current: ScoreSummary,
+    rows: Mapping[str, Sequence[float]],
+    errored: Sequence[str],
+) -> GateVerdict:
+    """Judge an item whose ``errored`` rows (one example id per errored rollout: timeouts,
+    5xx after retries) the score leaves out, so that no error can move the verdict: it is
+    gated with them counted wrong, and an item that fails only so (it passes with them
+    counted right) is inconclusive, a failure that says how many errors decide it.
+
+    Wrong and right are 0 and 1 on a 0..1 scale, else the lowest and highest score seen
+    (in this run, or the paired reference)."""
+    if not errored:
+        return rule.evaluate(current, rows)
+    seen = [v for scores in rows.values() for v in scores]
+    if isinstance(rule, PairedRule):
+        seen += [float(v) for v in rule.reference.values()]
+    low, high = (min(seen, default=0.0), max(seen, default=1.0))
+    if low >= 0.0 and high <= 1.0:
+        low, high = 0.0, 1.0
+
+    def filled(score: float) -> dict[str, list[float]]:
+        out = {key: list(scores) for key, scores in rows.items()}
+        for key in errored:
+            out.setdefault(key, []).append(score)
+        return out
+
+    wrong, right = filled(low), filled(high)
+    pessimistic = rule.evaluate(scored_summary(current.metric, wrong, current.subject), wrong)
+    optimistic = rule.evaluate(scored_summary(current.metric, right, current.subject), right)
+    return _finish(
+        dataclasses.replace(
+            pessimistic,
+            errors_excluded=len(errored),
+            value_errors_right=scored_summary(current.metric, right, "").value,
+            errors_decide=not pessimistic.passed and optimistic.passed,
+        )
+    )
+
+
+def require_decided(verdict: GateVerdict) -> GateVerdict:
+    """``--require-baseline``: a verdict the data could not decide fails (a CI gate that
+    tested nothing must not pass); its paragraph says what would decide it."""
+    if not verdict.undecidable or not verdict.passed:
+        return verdict
+    return _finish(dataclasses.replace(verdict, passed=False))
 
 
 def no_baseline_verdict(current: ScoreSummary, *, required: bool = False) -> GateVerdict:
@@ -640,6 +742,10 @@ def _score_text(v: GateVerdict) -> str:
 def _change_text(v: GateVerdict) -> str:
     assert v.delta is not None
     size = _num(abs(v.delta))
+    if v.errors_decide and not v.passed:
+        return f"inconclusive, fails with the {v.errors_excluded} errored rows counted wrong"
+    if v.undecidable and not v.passed:
+        return f"undecidable, fails under --require-baseline ({v.undecidable})"
     if v.undecidable:
         return f"undecidable, passes untested ({v.undecidable})"
     if not v.passed:
@@ -680,8 +786,28 @@ def _flips_text(v: GateVerdict) -> str:
     return f"{text}, {v.n_better} {better}"
 
 
+def _errors_text(v: GateVerdict) -> str:
+    """``; 3 errored rows: 0.810 counted wrong (gated), 0.840 counted right``, and what decides."""
+    if not v.errors_excluded or v.value_errors_right is None:
+        return ""
+    text = (
+        f"; {v.errors_excluded} errored row(s) (timeouts, server errors): {_num(v.value)} "
+        f"counted wrong (gated), {_num(v.value_errors_right)} counted right"
+    )
+    if v.errors_decide:
+        text += (
+            f"; the {v.errors_excluded} error(s) decide it (it passes only with them counted "
+            "right): re-run the same command to retry them"
+        )
+    return text
+
+
 def _render(v: GateVerdict) -> str:
     """The one-paragraph message for a verdict (see STYLE.md for the shape)."""
+    return _render_verdict(v) + _errors_text(v)
+
+
+def _render_verdict(v: GateVerdict) -> str:
     where = f" ({v.baseline_path})" if v.baseline_path else ""
     score = _score_text(v)
     if v.rule == NO_BASELINE:
@@ -693,6 +819,10 @@ def _render(v: GateVerdict) -> str:
     margin = f"margin {v.margin:g}"
     if v.reference_run is not None or v.n_shared is not None:
         run = f"run {v.reference_run}" if v.reference_run else "reference run"
+        if v.reference_model:
+            run = f"{v.reference_model} in {run}"
+        if v.reference_unfinished is not None:
+            run += f" (unfinished: {v.reference_unfinished} rows, --mb-allow-unfinished-baseline)"
         if v.delta is None:  # too few shared examples to compare (a failure only when required)
             needed = min_paired_examples(v.alpha)
             verdict = "not compared" + (" (--require-baseline)" if not v.passed else "")

@@ -9,6 +9,7 @@ holding a fixed-width key (invisible in the page).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
@@ -23,6 +24,7 @@ from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 
 _MISSING_KEY = "~"  # sorts after every number key
+_CELL_CLASS = re.compile(r'<td class="col-(mb[a-z]+)[" ]')
 
 # (column id, header, value of an ItemRecord, numeric?)
 COLUMNS: tuple[tuple[str, str, Callable[[ItemRecord], Any], bool], ...] = (
@@ -71,6 +73,12 @@ def _cell(column: str, value: Any, numeric: bool) -> str:
     return f'<td class="col-{column}{css}">{escape(str(value or "-"))}</td>'
 
 
+def _column_of(cell: str) -> str:
+    """The column id of a rendered cell (``<td class="col-mbverdict ...">``), or ""."""
+    match = _CELL_CLASS.match(cell)
+    return match.group(1) if match else ""
+
+
 def mb_item_id(report: pytest.TestReport) -> str | None:
     """The benchmark item a report is of (its ``mb_item`` property), or None for other tests."""
     item_id = dict(report.user_properties).get(PROPERTY_PREFIX + "item")
@@ -95,6 +103,27 @@ class HtmlReportColumns:
         store = RunStore(self._run_dir()).item(item_id)
         result = EvalResult.load(store.directory)
         return build_item(item_id, {}, store.read_summary(), store.read_metadata(), result, outcome)
+
+    def refresh(self, test: dict[str, Any], report: pytest.TestReport) -> None:
+        """Re-render a test pytest-html rendered before Holm settled its item: its modelbench
+        cells (the verdict and its colour) and its modelbench extra (the paragraph), from the
+        record saved with the final verdict."""
+        item_id = mb_item_id(report)
+        if item_id is None:
+            return
+        item = self.item_record(item_id, report.outcome)
+        fresh = {c: _cell(c, get(item), numeric) for c, _, get, numeric in COLUMNS}
+        test["resultsTableRow"] = [
+            fresh.get(_column_of(cell), cell) for cell in test.get("resultsTableRow", [])
+        ]
+        for extra in test.get("extras", []):
+            if isinstance(extra, dict) and extra.get("name") == "modelbench":
+                extra["content"] = self._fragment(item)
+
+    def _fragment(self, item: ItemRecord) -> str:
+        run_dir = self._run_dir()
+        run = RunData(run_id=run_dir.name, directory=run_dir, items=(item,))
+        return item_fragment(run, item, self.examples)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
@@ -124,14 +153,12 @@ class HtmlReportColumns:
         if item_id is None:
             return
         item = self.item_record(item_id, report.outcome)
-        run_dir = self._run_dir()
-        run = RunData(run_id=run_dir.name, directory=run_dir, items=(item,))
         extra = {
             "name": "modelbench",
             "format_type": "html",
             "mime_type": None,
             "extension": None,
-            "content": item_fragment(run, item, self.examples),
+            "content": self._fragment(item),
         }
         report.extras = [*getattr(report, "extras", []), extra]  # type: ignore[attr-defined]
 

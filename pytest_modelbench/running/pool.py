@@ -44,7 +44,7 @@ from pytest_modelbench.running.http import (
     request,
 )
 from pytest_modelbench.running.urls import UrlSet
-from pytest_modelbench.secrets import redact, remember
+from pytest_modelbench.secrets import redact, remember_header
 
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 300.0
@@ -55,7 +55,6 @@ MAX_REST_S = 10.0  # ... up to this
 
 T = TypeVar("T")
 P = TypeVar("P", bound="EndpointPool")
-_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "cookie", "session")
 
 
 @dataclass(frozen=True)
@@ -241,8 +240,7 @@ class EndpointPool:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._extra_headers = dict(headers or {})
         for name, value in self._extra_headers.items():
-            if any(word in name.lower() for word in _CREDENTIAL_WORDS):
-                remember(value)
+            remember_header(name, value)  # the token alone too: a gateway may echo just that
         self._headers.update(self._extra_headers)
         self._replicas: dict[str, _Replica] = {}
         self._refusals = 0

@@ -66,6 +66,7 @@ class ModelbenchSession:
         self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
         self.baseline_errors: list[str] = []  # --update-baselines files it could not write
+        self.baselines_skipped: list[str] = []  # --update-baselines entries of failed items
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
@@ -437,6 +438,8 @@ class ModelbenchSession:
                 self.run_dir.parent,
                 require=self.options.require_baseline,
                 baseline_run=self.options.baseline_run,
+                baseline_model=self.options.baseline_model,
+                allow_unfinished=self.options.allow_unfinished_baseline,
             )
         return self._book
 
@@ -626,6 +629,8 @@ class ModelbenchSession:
             terminalreporter.write_line(
                 "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
             )
+        for line in self.baselines_skipped:
+            terminalreporter.write_line(line, yellow=True)
         for line in self.baseline_errors:
             terminalreporter.write_line(line, red=True)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -662,6 +667,8 @@ class ModelbenchSession:
                 run_id,
                 replace=self.options.replace_baselines,
                 errors=self.baseline_errors,
+                include_failed=self.options.update_failed_baselines,
+                skipped=self.baselines_skipped,
             )
 
     def _apply_holm(self, session: pytest.Session) -> None:

@@ -119,7 +119,10 @@ def _lastfailed(config: pytest.Config, report: pytest.TestReport) -> None:
 def _pytest_html(
     config: pytest.Config, report: pytest.TestReport, verdict: str, failure: str | None
 ) -> None:
-    """pytest-html rendered the test at teardown, as waiting; its data get the final verdict."""
+    """pytest-html rendered the test at teardown, as waiting; its data get the final verdict:
+    the outcome here, the modelbench cells and paragraph re-rendered by ``modelbench-html``
+    from the record saved with that verdict."""
+    columns = config.pluginmanager.get_plugin("modelbench-html")
     for plugin in config.pluginmanager.get_plugins():
         data = getattr(getattr(plugin, "_report", None), "data", None)
         outcomes = getattr(getattr(plugin, "_report", None), "outcomes", None)
@@ -137,3 +140,5 @@ def _pytest_html(
                 outcomes["passed"]["value"] -= 1
                 outcomes["failed"]["value"] += 1
             test["resultsTableRow"] = cells
+            if columns is not None:
+                columns.refresh(test, report)

@@ -28,7 +28,13 @@ class GateVerdict:
     ``p_adjusted`` is set by ``gating.gates.holm_adjust_verdicts`` and then decides
     ``passed``. Paired verdicts carry this run's mean on the shared examples
     (``paired_value``), count examples that got worse/better
-    (``n_worse``/``n_better``) and list a few ids of each.
+    (``n_worse``/``n_better``) and list a few ids of each; ``reference_model`` names
+    the reference's model when it is another checkpoint, and ``reference_unfinished``
+    counts the rows of an unfinished reference item compared under
+    ``--mb-allow-unfinished-baseline``. An item with errored rows (timeouts, 5xx after
+    retries) is gated with them counted wrong (``value`` is then that score), so errors never
+    turn a fail into a pass; ``value_errors_right`` is the score with them counted right, and
+    ``errors_decide`` marks an item that only the errors fail (inconclusive: a failure).
     """
 
     passed: bool
@@ -60,6 +66,11 @@ class GateVerdict:
     delta_confidence: float | None = None
     undecidable: str = ""
     message: str = ""
+    reference_model: str | None = None  # paired: the reference run's model, when named otherwise
+    reference_unfinished: int | None = None  # paired: rows of an unfinished reference item used
+    errors_excluded: int = 0  # errored rows the score leaves out; the gate counted them wrong
+    value_errors_right: float | None = None  # the score with those rows counted right
+    errors_decide: bool = False  # fails with them counted wrong, passes counted right
 
     # 2: delta_ci_low/high, delta_confidence, undecidable; exact and score tests, not z
     SCHEMA_VERSION: ClassVar[int] = 2

@@ -315,3 +315,58 @@ def test_live_progress_counts_lm_eval_requests(project: Project, sim: Any) -> No
     ]
     assert shown and {total for _, total in shown} == {N}
     assert any(0 < done < N for done, _ in shown)  # counted while running, not only at the end
+
+
+PARTIAL_TASK = """\
+task: toy_partial
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: data/toy.jsonl
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_target: "{{answer}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  do_sample: false
+process_results: !function partial.process_results
+metric_list:
+  - metric: score
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+PARTIAL_SCORING = """\
+def process_results(doc, results):
+    # partial credit: 0.2 for answering in the asked format, 0.8 more for the right number
+    reply = results[0].strip()
+    formatted = reply.startswith(("The answer is", "I think"))
+    right = reply.endswith(" " + doc["answer"])
+    return {"score": 0.2 * formatted + 0.8 * right}
+"""
+
+
+def test_constant_partial_credit_through_process_results_fails_its_gate(
+    project: Project, sim: Any
+) -> None:
+    """A checkpoint that keeps the format and gets every answer wrong scores exactly 0.2 on
+    every example: an exact test fails it against 0.95 (before: "undecidable", exit 0)."""
+    write_task(project)
+    (project.root / "tasks" / "toy_partial.yaml").write_text(PARTIAL_TASK)
+    (project.root / "tasks" / "partial.py").write_text(PARTIAL_SCORING)
+    server = sim(accuracy=0.0, lookup=lookup())
+    project.models({"lm": {"model": "sim-model", "api_base_url": server.base_url}})
+    project.env("toy", [{"id": "toy", "module": "lm_eval:tasks/toy_partial.yaml", "seeds": [42]}])
+    (project.root / "configs" / "baselines" / "lm.yaml").write_text("toy: {value: 0.95}\n")
+    result = project.pytester.runpytest("benchmarks/", "--model", "lm")
+    result.assert_outcomes(failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "toy score,none 0.200 * vs baseline 0.950 (margin 0): regression of 0.750, "
+            f"*exact test for {N} equal scores in ?0, 1?*"
+        ]
+    )

@@ -266,3 +266,31 @@ def test_the_key_reaches_verifiers_under_a_name_harnesses_never_see(
     assert os.environ["HF_TOKEN"] == "hf-secret" and KEY_VAR not in os.environ
     with key_for_harness(None, None):
         assert os.environ[KEY_VAR] == "EMPTY"
+
+
+def test_a_rubric_collapse_to_constant_partial_credit_fails_the_paired_gate(
+    project: Project, sim: Any, taskset: str
+) -> None:
+    """Yesterday every task scored 1.5 (right and brief); today's checkpoint stays brief and gets
+    every answer wrong: 0.5 on every task, 8 equal drops, p = 2^-8 (before: "undecidable")."""
+    right_first = {
+        q: (f"The answer is {a}", "Hmm, after a long deliberation: 99")
+        for q, a in QUESTIONS.items()
+    }
+    server = sim(accuracy=1.0, lookup=right_first)
+    project.models({"vf": {"model": "sim-model", "api_base_url": server.base_url}})
+    project.env("toy", [{"id": "toy", "module": f"verifiers:{taskset}"}])
+    project.pytester.runpytest("benchmarks/", "--model", "vf").assert_outcomes(passed=1)
+    (yesterday,) = project.run_dirs()
+    server.reconfigure(accuracy=0.0)
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "vf", "--baseline-run", yesterday.name
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"toy reward 0.500 * vs run {yesterday.name} 1.500 (margin 0, 8 paired examples): "
+            "regression of 1.000, Δ -1.000, 90% CI ?-1.000, -1.000?, p=0.004, exact sign-flip "
+            "test (every difference equal); 8 worse*"
+        ]
+    )
