@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.endpoint import Endpoint
 from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.store.runstore import ItemStore
+
+if TYPE_CHECKING:
+    from pytest_modelbench.gating.early import StopRule
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class ItemContext:
     store: ItemStore
     error_budget: float
     progress: ProgressSink
+    stop_rule: StopRule | None = None  # --mb-stop-early: when the item's verdict is certain
 
     @cached_property
     def endpoint(self) -> Endpoint:

@@ -17,13 +17,15 @@ from pytest_modelbench.suites.contract import (
     preflight,
     summary_fields,
 )
-from pytest_modelbench.suites.selection import select_examples
+from pytest_modelbench.suites.selection import sample_order, select_examples
 
 if TYPE_CHECKING:
     from pytest_modelbench.backends.protocol import ItemContext
+    from pytest_modelbench.gating.early import EarlyStopper
     from pytest_modelbench.planning.item import PlannedItem
 
 SCORER_VERSION = 1
+STOPPED = "stopped_early"  # gating.early.STOPPED: the summary's record of an item stopped early
 PARSE_CHUNK = 64  # journal lines parsed between two turns of the event loop (about 1 ms)
 Units = Iterator[tuple[Example, int]]
 
@@ -46,6 +48,7 @@ class SuiteBackend:
     """Evaluates a suite's examples through the async runner against the item's endpoint."""
 
     selects_by_example = True  # results are kept per example: --num-examples picks a subset
+    stops_early = True  # --mb-stop-early: reads results in the sample's order and stops
 
     def __init__(self, suite: Suite) -> None:
         self.suite = suite
@@ -111,6 +114,10 @@ class SuiteBackend:
 
         done = journal.finished_keys()
         total = len(examples) * rollouts
+        stopper = None
+        if ctx.stop_rule is not None:  # a random sample's order, read as results complete
+            examples = sample_order(examples)
+            stopper = self._stopper(ctx, examples, journal, wanted)
         ctx.progress.start(item.item_id, total, len(done))
 
         async def main() -> Any:
@@ -145,6 +152,7 @@ class SuiteBackend:
                         journal,
                         settings,
                         ctx.progress,
+                        on_row=None if stopper is None else stopper.add_and_check,
                     )
                 finally:
                     for task in tasks:
@@ -155,8 +163,9 @@ class SuiteBackend:
         journal.open()
         if total > len(done) and examples and in_process_pool(self.suite):
             warm_up(self.suite, examples[0])  # the scorer's workers, while the server answers
+        todo = total > len(done) and (stopper is None or stopper.decision is None)
         try:
-            loop_stats = asyncio.run(main()) if total > len(done) else None
+            loop_stats = asyncio.run(main()) if todo else None
         except EndpointGone as exc:
             kept = sum(1 for row in journal.latest(wanted) if not row.get("error"))
             raise EvaluationError(
@@ -166,9 +175,55 @@ class SuiteBackend:
         finally:
             journal.close()
             ctx.progress.finish()
+        if stopper is not None and stopper.decision is not None:
+            return self._stopped_summary(stopper, journal, wanted, done, loop_stats, rollouts)
         summary = self._summary(journal, wanted, total, loop_stats)
         summary["resumed_examples"] = sum(1 for key in done if wanted(key))
         return summary
+
+    def _stopped_summary(
+        self,
+        stopper: EarlyStopper,
+        journal: Journal,
+        selected: Callable[[tuple[str, int]], bool],
+        done: set[tuple[str, int]],
+        loop_stats: Any,
+        rollouts: int,
+    ) -> dict[str, Any]:
+        """The summary of an item stopped once certain: the prefix the decision read, and the
+        decision's record (:data:`STOPPED`)."""
+        used = stopper.used_ids()
+
+        def wanted(key: tuple[str, int]) -> bool:
+            return key[0] in used and selected(key)
+
+        summary = self._summary(journal, wanted, len(used) * rollouts, loop_stats)
+        summary[STOPPED] = stopper.record(len(stopper.order))
+        summary["resumed_examples"] = sum(1 for key in done if wanted(key))
+        return summary
+
+    def _stopper(
+        self,
+        ctx: ItemContext,
+        examples: Sequence[Example],
+        journal: Journal,
+        wanted: Callable[[tuple[str, int]], bool],
+    ) -> EarlyStopper | None:
+        """``--mb-stop-early``: reads the item's results in the sample's order ``examples``
+        (see :mod:`pytest_modelbench.gating.early`), the journal's first; None without a rule."""
+        rule = ctx.stop_rule
+        if rule is None:
+            return None
+        # lazily: only --mb-stop-early sessions load the sequential tests
+        from pytest_modelbench.gating.early import EarlyStopper
+
+        order = [example.id for example in examples]
+        metric = rule.metric or self.primary_metric(ctx.item)
+        stopper = EarlyStopper(rule, order, ctx.item.variant.rollouts_per_example, metric)
+        for row in journal.latest(wanted):  # a resume reaches the same decision
+            if row.get("error") is None and stopper.add(row) is not None:
+                break
+        return stopper
 
     def _summary(
         self,

@@ -140,6 +140,13 @@ OPTIONS: tuple[Option, ...] = (
         "flag",
     ),
     Option(
+        "--mb-stop-early",
+        "stop_early",
+        "stop a gated item once its verdict is certain (an anytime-valid rule; off by default: "
+        "leaderboards want full runs)",
+        "flag",
+    ),
+    Option(
         "--mb-require-baseline",
         "require_baseline",
         "items without a baseline, or whose gate cannot decide, fail",
@@ -523,6 +530,7 @@ class RunOptions:
     baseline_model: str | None = None  # --mb-baseline-model
     allow_unfinished_baseline: bool = False  # --mb-allow-unfinished-baseline
     update_failed_baselines: bool = False  # --mb-update-failed-baselines
+    stop_early: bool = False  # --mb-stop-early
 
     @property
     def selects_items(self) -> bool:
@@ -582,6 +590,7 @@ class RunOptions:
             baseline_model=_raw(config, "baseline_model"),
             allow_unfinished_baseline=bool(_raw(config, "allow_unfinished_baseline")),
             update_failed_baselines=bool(_raw(config, "update_failed_baselines")),
+            stop_early=bool(_raw(config, "stop_early")),
         )
 
 

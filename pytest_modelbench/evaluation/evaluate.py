@@ -12,10 +12,11 @@ import dataclasses
 import importlib.metadata
 import platform
 import time
+import warnings
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
@@ -35,6 +36,13 @@ from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
+
+if TYPE_CHECKING:
+    from pytest_modelbench.gating.early import StopRule
+
+
+class StopEarlyWarning(UserWarning):
+    """``--mb-stop-early`` cannot stop this item early; it runs to its end."""
 
 
 def versions() -> dict[str, str]:
@@ -142,6 +150,8 @@ class ItemEvaluator:
         self.resolve = resolve  # module -> Backend
         self.progress = progress or NullProgress()
         self._restart_source: Path | bool | None = False  # False: not resolved yet
+        # --mb-stop-early: the item's stop rule from its baseline (set by the session)
+        self.stop_rule_for: Callable[[PlannedItem, str], StopRule | None] | None = None
         self._manifest_items: dict[str, Any] | None = None  # snapshot, for _settle_manifest
 
     def evaluate(self, item: PlannedItem) -> EvalResult:
@@ -268,6 +278,7 @@ class ItemEvaluator:
             parts["endpoint"] = endpoint
         fingerprint = digest(parts)
         journal_exists = item_store.journal.path.exists()
+        stop_rule = self._stop_rule(item, backend, metric)
         decision = decide(
             force=self.options.force,
             fingerprint=fingerprint,
@@ -276,6 +287,7 @@ class ItemEvaluator:
             summary=summary,
             journal_exists=journal_exists,
             num_examples=item.num_examples,
+            stop_key=stop_rule.key if stop_rule else None,
         )
         reason = decision.reason
         if decision.action is Reuse.STORED:
@@ -290,8 +302,23 @@ class ItemEvaluator:
             item_store.journal.discard("forced" if self.options.force else "stale")
             item_store.clear_summary()
         item_store.begin(_metadata(item, fingerprint, parts))
-        summary = self._run(item, backend, item_store, metric, fingerprint)
+        summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
         return self._result(item, metric, summary, item_store.directory, reason, from_store=False)
+
+    def _stop_rule(self, item: PlannedItem, backend: Backend, metric: str) -> StopRule | None:
+        """``--mb-stop-early``'s rule for the item; a backend that runs its own loop (lm-eval,
+        verifiers) runs to the end, said once per item."""
+        rule = self.stop_rule_for(item, metric) if self.stop_rule_for else None
+        if rule is not None and not getattr(backend, "stops_early", False):
+            warnings.warn(
+                StopEarlyWarning(
+                    f"{item.item_id}: --mb-stop-early: the {backend.name} backend runs its own "
+                    "loop, so this item runs to its end and the fixed-n gate decides it"
+                ),
+                stacklevel=2,
+            )
+            return None
+        return rule
 
     def _unchecked(
         self,
@@ -326,6 +353,7 @@ class ItemEvaluator:
         item_store: ItemStore,
         metric: str,
         fingerprint: str,
+        stop_rule: StopRule | None = None,
     ) -> dict[str, Any]:
         """Run the backend (continuing the journal), write the summary; over the error budget
         the item fails with the most common error."""
@@ -339,6 +367,7 @@ class ItemEvaluator:
                     store=item_store,
                     error_budget=self.options.error_budget,
                     progress=self.progress,
+                    stop_rule=stop_rule,
                 )
             )
         except EvaluationError as exc:

@@ -43,6 +43,7 @@ def decide(
     summary: Mapping[str, Any] | None,
     journal_exists: bool,
     num_examples: int | None = None,
+    stop_key: str | None = None,
 ) -> Decision:
     """What to do with an item whose store holds ``metadata``/``summary``/a journal. A finished
     summary of another ``--num-examples`` is resumed: the journal answers the examples it holds,
@@ -57,6 +58,7 @@ def decide(
         and summary.get("status") == "finished"
         and summary.get("fingerprint") == fingerprint
         and summary.get("num_examples", num_examples) == num_examples
+        and _stop_matches(summary, stop_key)
     ):
         return Decision(Reuse.STORED)
     if metadata is None:
@@ -64,6 +66,13 @@ def decide(
             return Decision(Reuse.RECOMPUTE, MISSING_METADATA)
         return Decision(Reuse.SEED)
     return Decision(Reuse.RESUME)
+
+
+def _stop_matches(summary: Mapping[str, Any], stop_key: str | None) -> bool:
+    """A summary of an item stopped early (``--mb-stop-early``) stands only under the same
+    rule (baseline, margin, alpha); otherwise the item continues from its journal."""
+    stopped = summary.get("stopped_early")
+    return not isinstance(stopped, Mapping) or stopped.get("rule_key") == stop_key
 
 
 def stored_unchecked(

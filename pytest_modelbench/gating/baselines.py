@@ -7,6 +7,7 @@ gate a paired per-example comparison against that run's journal.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import os
@@ -16,15 +17,41 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_modelbench.config.loading import display_path, load_baseline_file
 from pytest_modelbench.config.schema import BaselineEntrySpec
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.gating import gates
+from pytest_modelbench.gating import early, gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
+
+
+class ItemKeys(Protocol):
+    """What names an item: an :class:`EvalResult`, or a planned item's :class:`ItemRef`."""
+
+    @property
+    def item_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def env(self) -> str: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """A planned item's names, before it has a result."""
+
+    item_id: str
+    model: str
+    env: str
+    variant: str
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +76,7 @@ class BaselineBook:
         alpha: float = gates.DEFAULT_ALPHA,
         baseline_model: str | None = None,
         allow_unfinished: bool = False,
+        stop_early: bool = False,
     ) -> None:
         self.baseline_dir = baseline_dir
         self.runs_parent = runs_parent
@@ -57,6 +85,7 @@ class BaselineBook:
         self.alpha = alpha
         self.baseline_model = baseline_model  # --mb-baseline-model
         self.allow_unfinished = allow_unfinished  # --mb-allow-unfinished-baseline
+        self.stop_early = stop_early  # --mb-stop-early: the fixed-n gate gets what it leaves
         self._files: dict[str, dict[str, BaselineEntrySpec]] = {}
 
     def path_for(self, model: str) -> Path:
@@ -68,14 +97,14 @@ class BaselineBook:
             self._files[model] = load_baseline_file(path) if path.exists() else {}
         return self._files[model]
 
-    def entry_for(self, result: EvalResult) -> tuple[BaselineEntrySpec | None, str]:
+    def entry_for(self, result: ItemKeys) -> tuple[BaselineEntrySpec | None, str]:
         entries = self.entries(result.model)
         for key in (result.variant, result.env):
             if key in entries:
                 return entries[key], key
         return None, ""
 
-    def reference_scores(self, run_id: str, result: EvalResult, metric: str) -> Reference:
+    def reference_scores(self, run_id: str, result: ItemKeys, metric: str) -> Reference:
         """Per-example scores (mean over rollouts) of the same variant and seed in run
         ``run_id``: the examples its summary covers, from a finished item only (unless
         ``allow_unfinished``); its model is :meth:`_reference_item`'s."""
@@ -116,7 +145,7 @@ class BaselineBook:
         )
 
     def _reference_item(
-        self, run_id: str, store: RunStore, result: EvalResult
+        self, run_id: str, store: RunStore, result: ItemKeys
     ) -> tuple[str, str, str | None]:
         """(item id, model, manifest status) of ``result``'s variant and seed in the reference
         run: the same model's item, else ``--mb-baseline-model``'s, else the run's one model's
@@ -161,6 +190,36 @@ class BaselineBook:
             f"{result.seed}; run that item there first or drop --baseline-run"
         )
 
+    def stop_rule(
+        self, item: ItemKeys, metric: str, family: int | None = None
+    ) -> early.StopRule | None:
+        """``--mb-stop-early``: when ``item``'s verdict is certain, from its baseline (a value
+        on a 0..1 scale, or a reference run's scores); None where no rule applies (no
+        baseline, a floor, a reference that cannot be read: the gate then says why).
+        ``family``: Holm's m, over which the early decisions' alpha is split."""
+        spec, _ = self.entry_for(item)
+        metric = (spec.metric if spec and spec.metric else None) or metric
+        run_id = self.baseline_run or (spec.run if spec else None)
+        alpha = spec.alpha if spec is not None and spec.alpha is not None else self.alpha
+        alpha /= max(1, family or 1)
+        margin = float(spec.margin or 0.0) if spec else 0.0
+        if run_id:
+            try:
+                reference = self.reference_scores(run_id, item, metric)
+            except (EvaluationError, OSError):
+                return None
+            return early.paired_rule(reference.scores, margin, alpha, run_id, metric)
+        if spec is None or spec.value is None:
+            return None
+        return early.value_rule(
+            spec.value,
+            margin,
+            alpha,
+            baseline_n=spec.n,
+            baseline_stderr=spec.stderr,
+            metric=metric,
+        )
+
     def current(self, result: EvalResult, metric: str) -> gates.ScoreSummary:
         entry = result.summary.get("metrics", {}).get(metric) or {}
         value = entry.get("value")
@@ -192,6 +251,12 @@ class BaselineBook:
             self._check_range(spec, f"{path}: {key}", result, metric)
         data = spec.model_dump() if spec else {"run": run_id}
         entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
+        stopped = result.summary.get(early.STOPPED)
+        if isinstance(stopped, dict) and stopped.get("decision"):  # decided while it ran
+            return gates.stopped_verdict(current, stopped, entry)
+        if self.stop_early:  # early failures spent part of the gate's alpha
+            entry_alpha = entry.alpha if entry.alpha is not None else self.alpha
+            entry = dataclasses.replace(entry, alpha=early.fixed_alpha(entry_alpha))
         reference = self.reference_scores(run_id, result, metric) if run_id else None
         rule = gates.rule_for(
             entry,

@@ -46,6 +46,7 @@ __all__ = [
     "require_decided",
     "rule_for",
     "scored_summary",
+    "stopped_verdict",
 ]
 
 DEFAULT_ALPHA = 0.05
@@ -667,6 +668,63 @@ def gate_with_errors(
     )
 
 
+def stopped_verdict(
+    current: ScoreSummary, stopped: Mapping[str, Any], entry: BaselineEntry
+) -> GateVerdict:
+    """The verdict of an item ``--mb-stop-early`` stopped once it was certain: decided by the
+    anytime-valid test (its confidence sequence is the printed interval; it lies wholly below
+    baseline - margin for a regression, above it otherwise), never re-tested at the end."""
+    paired = bool(stopped.get("paired"))
+    baseline = 0.0 if paired else float(entry.value or 0.0)
+    low, high = float(stopped["ci_low"]), float(stopped["ci_high"])
+    e_value = float(stopped.get("e_value") or 1.0)
+    alpha = float(stopped.get("alpha") or DEFAULT_ALPHA)
+    return _finish(
+        GateVerdict(
+            passed=stopped.get("decision") != "regression",
+            rule="paired" if paired else "non-inferiority",
+            metric=current.metric,
+            value=current.value,
+            alpha=alpha,
+            margin=entry.margin,
+            delta=None if paired else current.value - baseline,
+            baseline_value=None if paired else baseline,
+            subject=current.subject,
+            ci_low=current.ci_low,
+            ci_high=current.ci_high,
+            test=str(stopped.get("rule") or "anytime-valid test"),
+            baseline_path=entry.path,
+            reference_run=entry.run if paired else None,
+            delta_ci_low=low - baseline,
+            delta_ci_high=high - baseline,
+            delta_confidence=None,
+            stopped_at=int(stopped.get("n_used") or 0),
+            planned=int(stopped.get("n_planned") or 0),
+            e_value=e_value,
+        )
+    )
+
+
+def _stopped_text(v: GateVerdict) -> str:
+    """``stopped at 41 of 1319 examples: regression certain (...)``."""
+    assert v.delta_ci_low is not None and v.delta_ci_high is not None
+    certain = "no regression certain" if v.passed else "regression certain"
+    against = "vs " + (f"run {v.reference_run}" if v.reference_run else "reference run")
+    if v.baseline_value is not None:
+        against = f"vs baseline {_num(v.baseline_value)}"
+    what = "Δ" if v.baseline_value is not None else "paired Δ"
+    return (
+        f"{_score_text(v)} {against} (margin {v.margin:g}): stopped at {v.stopped_at} of "
+        f"{v.planned} examples: {certain} ({what} in [{_signed(v.delta_ci_low)}, "
+        f"{_signed(v.delta_ci_high)}] at every n, e={_e(v.e_value)} >= 1/{v.alpha:.3g}, {v.test})"
+    )
+
+
+def _e(e_value: float | None) -> str:
+    e = e_value or 0.0
+    return f"{e:.3g}" if e < 1e6 else f"{e:.1e}"
+
+
 def require_decided(verdict: GateVerdict) -> GateVerdict:
     """``--require-baseline``: a verdict the data could not decide fails (a CI gate that
     tested nothing must not pass); its paragraph says what would decide it."""
@@ -804,6 +862,8 @@ def _errors_text(v: GateVerdict) -> str:
 
 def _render(v: GateVerdict) -> str:
     """The one-paragraph message for a verdict (see STYLE.md for the shape)."""
+    if v.stopped_at is not None:
+        return _stopped_text(v) + (f" ({v.baseline_path})" if v.baseline_path else "")
     return _render_verdict(v) + _errors_text(v)
 
 

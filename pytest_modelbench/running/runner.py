@@ -12,6 +12,7 @@ errors, never as wrong answers. Heavy scorers run in worker processes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -100,9 +101,21 @@ async def run_loop(
     journal: Journal,
     settings: LoopSettings,
     progress: ProgressSink,
+    on_row: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> LoopStats:
-    """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth."""
+    """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth.
+
+    ``on_row`` sees each row once journalled; when it returns True (``--mb-stop-early``: the
+    verdict is certain) no unit is started any more and the requests in flight are cancelled
+    (their rows are never written)."""
     stats = LoopStats()
+    stop = asyncio.Event()
+
+    def journalled(row: dict[str, Any]) -> None:
+        journal.append(row)
+        if on_row is not None and on_row(row):
+            stop.set()
+
     started = time.perf_counter()
     scorer, units = off_loop_scorer(suite, units)
 
@@ -128,7 +141,7 @@ async def run_loop(
             row.update(
                 completion=None, error=exc.reason, attempts=exc.attempts, metrics={}, score=None
             )
-            journal.append(row)
+            journalled(row)
             progress.advance(error=True)
             return
         stats.count_retries(completion.attempts, completion.retry_reasons)
@@ -141,7 +154,7 @@ async def run_loop(
             row["error"] = f"scorer raised {type(exc).__name__}: {exc}"
             stats.errors += 1
         _complete_row(row, completion, metrics, extracted, detail, suite.primary_metric)
-        journal.append(row)
+        journalled(row)
         progress.advance(
             error=row["error"] is not None,
             prompt_tokens=completion.prompt_tokens or 0,
@@ -153,13 +166,33 @@ async def run_loop(
         (a configured list of URLs shares one ``max_concurrent``)."""
         return max(1, settings.max_concurrent) * (1 + client.urls.replicas)
 
+    def stopped() -> bool:
+        return client.dead is not None or stop.is_set()
+
     try:
-        await run_lanes(units, one, capacity, lambda: client.dead is not None)
+        if on_row is None:
+            await run_lanes(units, one, capacity, stopped)
+        else:
+            await _until_stopped(run_lanes(units, one, capacity, stopped), stop)
     finally:
         stats.wall_s = time.perf_counter() - started
     if client.dead is not None:
         raise EndpointGone(client.dead)
     return stats
+
+
+async def _until_stopped(lanes: Awaitable[None], stop: asyncio.Event) -> None:
+    """Await ``lanes``, or cancel them (and the requests in flight) once ``stop`` is set."""
+    running = asyncio.ensure_future(lanes)
+    waiting = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({running, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        if not running.done():
+            running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running  # a lane's own error still ends the loop
 
 
 async def run_lanes(

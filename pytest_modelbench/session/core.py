@@ -371,7 +371,18 @@ class ModelbenchSession:
                 self.backend_for,
                 self.config.stash.get(PROGRESS_SINK, None),
             )
+            if self.options.stop_early:
+                self._evaluator.stop_rule_for = self._stop_rule
         return self._evaluator
+
+    def _stop_rule(self, item: PlannedItem, metric: str) -> Any:
+        """``--mb-stop-early``: the item's stop rule from its baseline (early decisions at
+        alpha / m under Holm)."""
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.gating.baselines import ItemRef
+
+        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
+        return self.baseline_book().stop_rule(ref, metric, self.holm_family)
 
     def server_pool(self) -> Any:
         """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
@@ -440,6 +451,7 @@ class ModelbenchSession:
                 baseline_run=self.options.baseline_run,
                 baseline_model=self.options.baseline_model,
                 allow_unfinished=self.options.allow_unfinished_baseline,
+                stop_early=self.options.stop_early,
             )
         return self._book
 

@@ -131,6 +131,9 @@ def write_summary_table(reporter: Any, records: Sequence[EvalResult], run_dir: P
         rows[0].insert(8, "truncated")
     for result in _ordered(records):
         verdict = result.verdict_text
+        stopped = result.verdict.stopped_at if result.verdict is not None else None
+        if stopped is not None and result.verdict is not None:
+            verdict += f" (stopped at {stopped} of {result.verdict.planned})"
         if result.from_store and result.error is None:
             unchecked = "; endpoint not checked" if not result.endpoint_checked else ""
             verdict += f" (from store{unchecked})"

@@ -172,6 +172,8 @@ class EvalResult:
                 p_value=verdict.p_value,
                 rule=verdict.rule,
             )
+            if verdict.stopped_at is not None:  # --mb-stop-early
+                values.update(n_used=verdict.stopped_at, n_planned=verdict.planned)
         for key, value in (("recomputed", self.recompute_reason), ("error", self.error)):
             if value:
                 values[key] = value

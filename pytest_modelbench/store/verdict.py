@@ -35,6 +35,9 @@ class GateVerdict:
     retries) is gated with them counted wrong (``value`` is then that score), so errors never
     turn a fail into a pass; ``value_errors_right`` is the score with them counted right, and
     ``errors_decide`` marks an item that only the errors fail (inconclusive: a failure).
+    An item stopped by ``--mb-stop-early`` has ``stopped_at`` of ``planned`` examples and
+    the ``e_value`` of the anytime-valid test that decided it (its interval is the test's
+    confidence sequence; it takes no part in Holm's final step, decided at alpha / m).
     """
 
     passed: bool
@@ -71,6 +74,9 @@ class GateVerdict:
     errors_excluded: int = 0  # errored rows the score leaves out; the gate counted them wrong
     value_errors_right: float | None = None  # the score with those rows counted right
     errors_decide: bool = False  # fails with them counted wrong, passes counted right
+    stopped_at: int | None = None  # --mb-stop-early: examples used when the verdict was certain
+    planned: int | None = None  # --mb-stop-early: examples the item would have run
+    e_value: float | None = None  # --mb-stop-early: the deciding test's wealth (p <= 1 / e)
 
     # 2: delta_ci_low/high, delta_confidence, undecidable; exact and score tests, not z
     SCHEMA_VERSION: ClassVar[int] = 2

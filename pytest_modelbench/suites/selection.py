@@ -12,14 +12,16 @@ are reused). Examples without subjects are taken in file order, as ``lm_eval --l
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar, overload
 
 from pytest_modelbench.suites.contract import Example
 
-__all__ = ["STRATUM_KEY", "LazyExamples", "select_examples", "stratified_order"]
+__all__ = ["STRATUM_KEY", "LazyExamples", "sample_order", "select_examples", "stratified_order"]
 
 STRATUM_KEY = "subject"
+ORDER_SALT = b"modelbench sample order 1:"  # a new salt would be a new order for every item
 E = TypeVar("E", bound=Example)
 
 
@@ -100,3 +102,17 @@ def select_examples(examples: Sequence[E], limit: int) -> list[E]:
     if not any(STRATUM_KEY in example.meta for example in examples):
         return list(examples[:limit])
     return stratified_order(examples)[:limit]
+
+
+def sample_order(examples: Sequence[E]) -> list[E]:
+    """The selected examples in a seeded random order, stratified where they have subjects:
+    each example's place within its subject by a hash of its id (the same order on every
+    machine, run and resume), subjects interleaved in proportion as :func:`stratified_order`
+    does. ``--mb-stop-early`` reads results in this order, so any prefix of it is a random
+    sample of the item."""
+    keyed = sorted(
+        range(len(examples)),
+        key=lambda i: hashlib.sha256(ORDER_SALT + examples[i].id.encode()).digest(),
+    )
+    strata = [str(examples[i].meta.get(STRATUM_KEY, "")) for i in keyed]
+    return [examples[keyed[j]] for j in _stratified_indexes(strata)]

@@ -1,0 +1,124 @@
+"""``--mb-stop-early``: a gated item stops once its verdict is certain, reading its results in a
+seeded random order (never arrival order), cancels what is in flight, and a resume reaches the
+same decision; the verdict, the summary and the table say so."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.gating.early import EarlyStopper, StopRule, value_rule
+from pytest_modelbench.suites.contract import Example
+from pytest_modelbench.suites.selection import sample_order
+from tests.conftest import Project
+
+N = 300
+
+
+def _completions(server: Any) -> int:
+    return sum(1 for r in server.requests if r.path.endswith("completions"))
+
+
+@pytest.fixture
+def qa(project: Project, sim: Any) -> tuple[Project, Any]:
+    project.qa("qa", N)
+    server = sim(accuracy=0.0, lookup=project.lookup("qa"), latency=0.002)
+    project.models(
+        {"alpha": {"model": "sim-model", "api_base_url": server.base_url, "max_concurrent": 4}}
+    )
+    project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text("qa: {value: 0.65}\n")
+    return project, server
+
+
+def _summary(project: Project) -> dict[str, Any]:
+    (run_dir,) = project.run_dirs()
+    data: dict[str, Any] = json.loads((run_dir / "alpha-qa-seed0" / "summary.json").read_text())
+    return data
+
+
+def test_a_collapse_fails_within_a_few_examples(qa: tuple[Project, Any]) -> None:
+    project, server = qa
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
+    result.assert_outcomes(failed=1)
+    summary = _summary(project)
+    stopped = summary["stopped_early"]
+    used = stopped["n_used"]
+    assert stopped["decision"] == "regression" and stopped["n_planned"] == N
+    assert used <= 0.05 * N and summary["metrics"]["exact_match"]["n"] == used
+    assert _completions(server) <= used + 4  # the rest never sent (4 in flight at most)
+    result.stdout.fnmatch_lines(
+        [
+            f"qa exact_match 0.000 * vs baseline 0.650 (margin 0): stopped at {used} of {N} "
+            "examples: regression certain (Δ in ?-0.650, -0.*? at every n, e=* >= 1/0.01, "
+            "anytime-valid betting confidence sequence)*",
+            f"*fail (stopped at {used} of {N})*",
+        ]
+    )
+    # the same command reads the stopped item back: nothing is sent again
+    server.clear_log()
+    again = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
+    again.assert_outcomes(failed=1)
+    assert _completions(server) == 0
+    # without --mb-stop-early the item continues from its journal to the end
+    full = project.pytester.runpytest("benchmarks/", "--model", "alpha")
+    full.assert_outcomes(failed=1)
+    assert "stopped_early" not in _summary(project)
+    assert N - used - 4 <= _completions(server) <= N - used  # replies past the prefix are kept
+
+
+def test_a_clear_pass_stops_and_passes(qa: tuple[Project, Any]) -> None:
+    project, server = qa
+    server.reconfigure(accuracy=1.0)
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text("qa: {value: 0.5}\n")
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
+    result.assert_outcomes(passed=1)
+    stopped = _summary(project)["stopped_early"]
+    assert stopped["decision"] == "no regression" and stopped["n_used"] < N / 4
+
+
+def test_without_a_baseline_the_item_runs_to_its_end(qa: tuple[Project, Any]) -> None:
+    project, server = qa
+    (project.root / "configs" / "baselines" / "alpha.yaml").unlink()
+    project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
+    assert _completions(server) == N and "stopped_early" not in _summary(project)
+
+
+def test_the_rule_reads_the_samples_order_not_arrival_order() -> None:
+    """Hard examples answer late: fed in arrival order (easy first), a rule would see a run of
+    right answers; reading the completed prefix, it waits for the hard ones."""
+    rule = value_rule(0.5, 0.0, 0.05)
+    assert rule is not None
+    order = [f"q{i}" for i in range(200)]
+    stopper = EarlyStopper(rule, order, 1, "m")
+    hard = {f"q{i}" for i in range(0, 200, 2)}  # half are wrong, and they arrive last
+    arrival = [q for q in order if q not in hard] + [q for q in order if q in hard]
+    for example in arrival[:100]:  # every easy one has arrived, no hard one yet
+        assert stopper.add({"example_id": example, "metrics": {"m": 1.0}}) is None
+    assert stopper.used == 0  # the prefix stops at the first hard example, still missing
+    for example in arrival[100:]:
+        stopper.add({"example_id": example, "metrics": {"m": 0.0}})
+    assert stopper.decision is None  # a true 0.5 against 0.5: never certain
+
+
+def test_sample_order_is_a_stratified_shuffle_fixed_by_the_ids() -> None:
+    examples = [
+        Example(id=f"{s}{i}", messages=(), gold="g", meta={"subject": s})
+        for s in ("a", "b")
+        for i in range(50)
+    ]
+    order = sample_order(examples)
+    assert sorted(e.id for e in order) == sorted(e.id for e in examples)
+    assert [e.id for e in order] == [e.id for e in sample_order(list(reversed(examples)))]
+    first = [e.meta["subject"] for e in order[:20]]
+    assert first.count("a") == 10  # interleaved in proportion
+    a_ids = [e.id for e in order if e.meta["subject"] == "a"]
+    assert a_ids != sorted(a_ids, key=lambda x: int(x[1:]))  # not file order within a subject
+
+
+def test_holm_splits_alpha_over_the_family() -> None:
+    rule = value_rule(0.65, 0.0, 0.05 / 20)
+    assert isinstance(rule, StopRule)
+    assert rule.alpha_regression == pytest.approx(0.05 * 0.2 / 20)
