@@ -129,6 +129,9 @@ class ExecutionResult:
     ``audit-hook``), each namespace, ``uid``, ``private_proc``, ``proc_readonly``, ..."""
     tests: Mapping[str, int] = field(default_factory=dict)
     """Judged runs: ``total`` cases, how many ``passed``, the program ``calls`` they made."""
+    judge_tail: str = ""
+    """Judged runs: the tracebacks of the first failed asserts, as the judge wrote them for
+    the host (never to the program's stdout or stderr, which it may read back)."""
 
     @property
     def passed(self) -> bool:
@@ -216,6 +219,8 @@ def valid_verdict(verdicts: Sequence[Any], total: int) -> dict[str, Any] | None:
         return None
     failure = verdict.get("failure")
     if verdict["total"] != total or not (failure is None or isinstance(failure, str)):
+        return None
+    if not isinstance(verdict.get("output", ""), str):
         return None
     return verdict
 
@@ -527,7 +532,10 @@ class Sandbox:
         verdict = valid_verdict(verdicts, len(tests.cases))
         status, reason, code = classify_judged(timed_out, verdict, exit_info, limits)
         counts = {k: verdict[k] for k in ("total", "passed", "calls")} if verdict else {}
-        return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation, counts)
+        judged = str(verdict.get("output", ""))[-limits.tail_chars :] if verdict else ""
+        return ExecutionResult(
+            status, reason, code, stdout, stderr, duration, isolation, counts, judged
+        )
 
 
 def _write_files(workdir: Path, files: Mapping[str, str]) -> Path:

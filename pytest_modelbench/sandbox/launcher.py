@@ -32,6 +32,7 @@ non-dumpable; only the program's process is made dumpable again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -356,16 +357,32 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
         candidate.serve(wire.Channel(down_read, up_write), path)
     os.close(down_read)
     os.close(up_write)
+    silence()  # the program's stdout and stderr are its own: the judge writes none of it
     fd = config["report_fd"]
+    program = judge.Program(wire.Channel(up_read, down_write))
     try:
         request = wire.Channel(fd, fd).receive()  # only now: the program's memory never held it
         set_process_limits(config["limits"])
-        verdict = judge.run(request, judge.Program(wire.Channel(up_read, down_write)))
+        verdict = judge.run(request, program)
     except Exception as error:  # a malformed request, the judge's own failure: never a pass
         verdict = {"total": 0, "passed": 0, "failure": f"the judge failed: {error!r}", "calls": 0}
-    os.close(down_write)  # the program's process sees the end of its input and exits
+        verdict["judge_error"] = True
+    program.hang_up()  # the program's process sees the end of its input and exits
     _report(fd, {"verdict": verdict, "exit": _stop(child)})
     os._exit(0)
+
+
+def silence() -> None:
+    """Point this process's stdout and stderr at ``/dev/null``: what it would print (the
+    tests' tracebacks, a warning) goes to the host in the verdict, or nowhere, never into
+    the files the program shares (which it may reopen through ``/proc/self/fd``)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
 
 
 def init(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
