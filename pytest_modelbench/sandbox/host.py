@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +34,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -63,6 +64,13 @@ ISOLATION_VAR = "MODELBENCH_SANDBOX_ISOLATION"
 PROBE_PROGRAM = "print('ok')\n"
 PROBE_LIMITS_WALL = 30.0
 PIPE_BYTES = 1 << 16  # the launcher's configuration must fit in a pipe (written before it runs)
+MACHINERY_RETRIES = 1  # a judged run the sandbox's machinery spoilt is run once more
+
+
+class SandboxFailure(RuntimeError):
+    """The sandbox's own machinery failed (its set-up, its launcher, the judge before it
+    reported): nothing is known about the program, so the run is an error for the caller to
+    retry or count, never a wrong answer."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,33 @@ def default_workers() -> int:
     if value.strip().isdigit() and int(value) > 0:
         return int(value)
     return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def machinery_failure(
+    reported: bool,
+    timed_out: bool,
+    verdicts: Sequence[Any],
+    verdict: Mapping[str, Any] | None,
+    stderr: str,
+) -> str | None:
+    """Why a judged run says nothing about the program, or None when it does.
+
+    Only the sandbox writes on the report socket: the isolation record once the program's
+    process is confined (before any of the program's code runs), then the judge's verdict.
+    No record: the set-up failed. A record and no well-formed verdict without a timeout: the
+    judge (PID 1 of the sandbox, which no process of the program's can signal) ended before
+    it reported. A verdict marked ``judge_error``: the judge could not run the tests."""
+    if not reported:
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        return "the sandbox was not set up: " + (lines[-1] if lines else "no output")[:300]
+    if timed_out:
+        return None
+    if verdict is None:
+        count = len(verdicts)
+        return f"the sandbox's judge ended before it reported ({count} verdicts)"
+    if verdict.get("judge_error"):
+        return f"the sandbox's judge could not run the tests: {verdict['failure']}"[:400]
+    return None
 
 
 def _read_report(data: bytes) -> tuple[dict[str, Any], dict[str, int] | None, list[Any]]:
@@ -381,8 +416,13 @@ class Sandbox:
         if not tests.cases:
             raise ValueError("HiddenTests need at least one case (a run without any would pass)")
         level = self.level
-        with self._slots:
-            return self._run(level, program, dict(files or {}), limits or self.limits, tests)
+        for _ in range(1 + MACHINERY_RETRIES):
+            with self._slots:
+                result = self._run(level, program, dict(files or {}), limits or self.limits, tests)
+            failure = result.isolation.get("machinery_failure")
+            if failure is None:
+                return result
+        raise SandboxFailure(f"{failure} (tried {1 + MACHINERY_RETRIES} times)")
 
     def run_many(self, programs: Sequence[str]) -> list[ExecutionResult]:
         """Run several programs concurrently (bounded by ``workers``), results in order."""
@@ -494,10 +534,7 @@ class Sandbox:
         tests: HiddenTests | None,
     ) -> ExecutionResult:
         token = uuid.uuid4().hex
-        with tempfile.TemporaryDirectory(
-            prefix="modelbench-sandbox-", ignore_cleanup_errors=True
-        ) as tmp:
-            root = Path(tmp)
+        with _scratch() as root:
             workdir = _write_files(root / "work", {**files, "program.py": program})
             config = self._config(level, workdir, limits, judged=tests is not None)
             if level == "namespaces":
@@ -521,6 +558,7 @@ class Sandbox:
                     cgroup.destroy()
             duration = time.monotonic() - start
             isolation, exit_info, verdicts = _read_report(data)
+            reported = bool(isolation)  # sent once the program's process is confined
             isolation.setdefault("level", level)
             if cgroup is None and not isolation.get("pidns"):
                 sweep(token)
@@ -530,12 +568,66 @@ class Sandbox:
             status, reason, code = classify(timed_out, exit_info, stderr, limits)
             return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation)
         verdict = valid_verdict(verdicts, len(tests.cases))
+        failure = machinery_failure(reported, timed_out, verdicts, verdict, stderr)
+        if failure is not None:
+            isolation["machinery_failure"] = failure
         status, reason, code = classify_judged(timed_out, verdict, exit_info, limits)
         counts = {k: verdict[k] for k in ("total", "passed", "calls")} if verdict else {}
         judged = str(verdict.get("output", ""))[-limits.tail_chars :] if verdict else ""
         return ExecutionResult(
             status, reason, code, stdout, stderr, duration, isolation, counts, judged
         )
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A fresh host folder for one execution, removed afterwards whatever the program left
+    in it (:func:`remove_tree`): a clean-up never fails because of the program."""
+    root = Path(tempfile.mkdtemp(prefix="modelbench-sandbox-"))
+    try:
+        yield root
+    finally:
+        remove_tree(root)
+
+
+def remove_tree(top: Path) -> None:
+    """Remove ``top`` and everything under it without recursion, whatever a program left:
+    any depth (each directory's entries are moved up to ``top``, so no path grows), folders
+    without permissions (made accessible first), symbolic links (never followed). Never
+    raises: what cannot be removed (another mount) is left."""
+    try:
+        shutil.rmtree(top)  # the usual case: quick
+        return
+    except (OSError, RecursionError):
+        pass
+    moved = 0
+    with contextlib.suppress(OSError):
+        os.chmod(top, 0o700)
+    while True:
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            break
+        progress = False
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)
+                    progress = True
+                    continue
+                os.chmod(entry.path, 0o700)
+                for name in os.listdir(entry.path):
+                    while os.path.lexists(top / f".rm{moved}"):
+                        moved += 1
+                    os.rename(os.path.join(entry.path, name), top / f".rm{moved}")
+                os.rmdir(entry.path)
+                progress = True
+            except OSError:
+                continue
+        if not entries or not progress:
+            break
+    with contextlib.suppress(OSError):
+        os.rmdir(top)
 
 
 def _write_files(workdir: Path, files: Mapping[str, str]) -> Path:
@@ -546,7 +638,9 @@ def _write_files(workdir: Path, files: Mapping[str, str]) -> Path:
         if workdir.resolve() not in target.parents:
             raise ValueError(f"sandbox file name {name!r} leaves the working directory")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        # a lone surrogate (a reply's broken text) as its escape: a string literal keeps it,
+        # anywhere else the program fails to compile, as it would have
+        target.write_text(text, encoding="utf-8", errors="backslashreplace")
     return workdir
 
 

@@ -93,6 +93,7 @@ CTYPES_EVENTS = {
 MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far lower)
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
+SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of a pid other than 0, -1, the parent: allowed
 
 
 def drop_capabilities() -> bool:
@@ -190,11 +191,12 @@ def _setrlimit(which: int, value: int, hard: int | None = None) -> None:
     resource.setrlimit(which, (min(value, hard), hard))
 
 
-def set_process_limits(limits: dict[str, int]) -> None:
-    """CPU time, address space, file size, open files, no core dumps."""
+def set_process_limits(limits: dict[str, int], *, cpu: bool = True) -> None:
+    """CPU time (unless not ``cpu``), address space, file size, open files, no core dumps."""
     import resource  # function-level: Unix only
 
-    _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
+    if cpu:
+        _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
     _setrlimit(resource.RLIMIT_AS, limits["memory_bytes"])
     _setrlimit(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
     _setrlimit(resource.RLIMIT_NOFILE, limits["open_files"])
@@ -227,7 +229,13 @@ def _modifies(event: str, args: tuple[Any, ...]) -> list[Any]:
 
 
 def _denied_event(
-    event: str, args: tuple[Any, ...], network: bool, spawn: bool, fork: bool, own_proc: set[str]
+    event: str,
+    args: tuple[Any, ...],
+    network: bool,
+    spawn: bool,
+    fork: bool,
+    own_proc: set[str],
+    parent: int,
 ) -> str | None:
     """What ``event`` would do that the policy forbids (writes aside), or None."""
     if event in NETWORK_EVENTS and not network:
@@ -238,6 +246,8 @@ def _denied_event(
         return f"starting programs ({event})"
     if event in FORK_EVENTS and not fork:
         return f"creating processes ({event})"
+    if event in SIGNAL_EVENTS and (event != "os.kill" or not 0 < args[0] != parent):
+        return f"signalling processes other than its own ({event})"
     if event == "open" and isinstance(args[0], (str, bytes)):
         path = os.fsdecode(args[0])
         parts = path.split("/")
@@ -251,6 +261,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
     """An audit hook enforcing the Python-level policy (a second line behind the OS)."""
     allowed = (os.path.realpath(workdir), "/dev/null")
     own_proc = {"self", "thread-self", str(os.getpid())}
+    parent = os.getppid()  # the judge, in a judged run at the audit-hook level
 
     def inside(path: Any) -> bool:
         if isinstance(path, int) or path is None:
@@ -262,7 +273,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
         raise PermissionError(f"modelbench sandbox: {what} is not allowed")
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        denied = _denied_event(event, args, network, spawn, fork, own_proc)
+        denied = _denied_event(event, args, network, spawn, fork, own_proc, parent)
         if denied is not None:
             deny(denied)
         for path in _modifies(event, args):
@@ -307,9 +318,11 @@ def confine(
             spawn=fork and (bool(iso.get("netns")) or config["network"]),
             fork=fork,
         )
+        set_dumpable(True)
+        # last: the host reads this record as "the program's process is confined", so a
+        # failure before it is the sandbox's, and anything after it the program's
         _report(config["report_fd"], {"isolation": iso})
         _close_descriptors(keep)
-        set_dumpable(True)
     except Exception as error:  # setup failed: the program must not run unconfined
         print(f"modelbench sandbox setup failed: {error!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
@@ -362,7 +375,9 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     program = judge.Program(wire.Channel(up_read, down_write))
     try:
         request = wire.Channel(fd, fd).receive()  # only now: the program's memory never held it
-        set_process_limits(config["limits"])
+        # no CPU limit of its own: the program could spend it by what it sends, and a judge
+        # killed before it reports is the sandbox's failure; the host's wall clock bounds it
+        set_process_limits(config["limits"], cpu=False)
         verdict = judge.run(request, program)
     except Exception as error:  # a malformed request, the judge's own failure: never a pass
         verdict = {"total": 0, "passed": 0, "failure": f"the judge failed: {error!r}", "calls": 0}

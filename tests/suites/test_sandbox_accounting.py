@@ -13,19 +13,45 @@ Each hostile case runs at both full levels (``bwrap`` and ``namespaces``), as us
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_modelbench.sandbox import FULL_LEVELS, Sandbox, SandboxLimits
+from pytest_modelbench.sandbox import (
+    FULL_LEVELS,
+    LEVELS,
+    Sandbox,
+    SandboxFailure,
+    SandboxLimits,
+    host,
+    policy,
+    processes,
+)
+from pytest_modelbench.sandbox.layout import root_layout
+from pytest_modelbench.suites import coding
 from pytest_modelbench.suites.coding import HumanEval
 from pytest_modelbench.suites.contract import Example
 
 LIMITS = SandboxLimits(cpu_seconds=10, wall_seconds=20, memory_bytes=512 << 20)
+MakeSandbox = Callable[..., Sandbox]
 
 
 @pytest.fixture(params=FULL_LEVELS, scope="module")
-def full(request: pytest.FixtureRequest, make_sandbox: Callable[..., Sandbox]) -> Sandbox:
+def full(request: pytest.FixtureRequest, make_sandbox: MakeSandbox) -> Sandbox:
+    return make_sandbox(request.param, LIMITS)
+
+
+@pytest.fixture(params=LEVELS)
+def any_level(request: pytest.FixtureRequest, make_sandbox: MakeSandbox) -> Sandbox:
     return make_sandbox(request.param, LIMITS)
 
 
@@ -84,3 +110,127 @@ def test_the_program_cannot_read_the_judges_output_while_it_runs(full: Sandbox) 
     assert "AssertionError" not in result.stderr_tail + result.stdout_tail
     # the host still has the judge's account of what failed
     assert "candidate(" in result.judge_tail and "AssertionError" in result.judge_tail
+
+
+# -- errors charged to whoever caused them --------------------------------------------------
+
+# a 10000-deep chain of folders (built through descriptors: no path is ever long), a file
+# at the bottom, and the top made inaccessible
+DEEP_TREE = r"""
+import os
+
+def _dig(depth):
+    fd = os.open(".", os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(os.open("leftover", os.O_WRONLY | os.O_CREAT, 0o000, dir_fd=fd))
+    os.close(fd)
+    os.chmod("d", 0)
+
+_dig(10000)
+"""
+RIGHT = """
+def has_close_elements(numbers, threshold):
+    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
+"""
+WRONG = "\ndef has_close_elements(numbers, threshold):\n    return False\n"
+
+
+@pytest.fixture
+def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The host's temporary directory for this test's runs (readable by the sandbox user)."""
+    folder = Path(tempfile.mkdtemp(prefix="mb-scratch-"))
+    folder.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("answer", ["right", "wrong"])
+def test_a_deep_unremovable_tree_is_the_programs_and_nothing_is_left(
+    any_level: Sandbox, scratch: Path, answer: str
+) -> None:
+    suite, example = _he(0)
+    code = DEEP_TREE + (RIGHT if answer == "right" else WRONG)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{code}```")
+    result = any_level.run_tests(program, tests)  # never raises: nothing here is the host's
+    assert result.status == ("passed" if answer == "right" else "failed"), result
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
+    assert left == []  # the host's clean-up removed all of it (the launcher's copy stays)
+
+
+def test_a_program_that_kills_its_judge_at_the_weak_level_fails(make_sandbox: MakeSandbox) -> None:
+    """At the audit-hook level the judge is the program's parent, not PID 1 of a namespace:
+    signalling it is refused, so a program cannot turn its failure into a machinery error."""
+    weak = make_sandbox("audit-hook", LIMITS)
+    suite, example = _he(0)
+    code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + WRONG
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{code}```")
+    result = weak.run_tests(program, tests)
+    assert result.status == "failed" and "signalling" in result.reason, result
+
+
+def test_a_launcher_folder_removed_mid_session_is_made_again(full: Sandbox) -> None:
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{RIGHT}```")
+    assert full.run_tests(program, tests).passed
+    shutil.rmtree(root_layout(full.python).code)  # a cleaner of /tmp, mid-session
+    assert full.run_tests(program, tests).passed
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(child) for child in children]
+        todo += [int(child) for child in children]
+    return found
+
+
+def test_a_judge_dead_before_it_reports_is_a_sandbox_failure(
+    full: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process under the launcher is killed mid-run (as an OOM killer or an operator
+    might): correct code gets no score of 0, the run raises, and it was tried twice."""
+    started: list[int] = []
+
+    def dying(process: subprocess.Popen[bytes], timeout: float) -> bool:
+        started.append(process.pid)
+        time.sleep(0.5)
+        for pid in _descendants(process.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return processes.wait_unreaped(process, timeout)
+
+    monkeypatch.setattr(host, "wait_unreaped", dying)
+    suite, example = _he(0)
+    slow = "import time\ntime.sleep(3)\n" + RIGHT
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{slow}```")
+    with pytest.raises(SandboxFailure, match="judge ended before it reported"):
+        full.run_tests(program, tests)
+    assert len(started) == 2
+
+
+def test_a_failed_set_up_is_a_sandbox_failure_and_an_error_row(
+    full: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configure = Sandbox._config
+
+    def broken(self: Sandbox, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        config = configure(self, *args, **kwargs)
+        config["hidden"] = [*config["hidden"], "/work"]  # "visible": the launcher refuses
+        return config
+
+    monkeypatch.setattr(Sandbox, "_config", broken)
+    monkeypatch.setattr(coding, "default_sandbox", lambda: full)
+    monkeypatch.setattr(policy, "_state", {"allowed": True, "warned": True})
+    suite, example = _he(0)
+    with pytest.raises(SandboxFailure, match=r"was not set up: .*hidden host paths: /work"):
+        suite.score(example, f"```python\n{RIGHT}```")
