@@ -44,7 +44,12 @@ from pytest_modelbench.sandbox import bwrap
 from pytest_modelbench.sandbox.cgroups import PidsCgroup
 from pytest_modelbench.sandbox.judge import guard_asserts
 from pytest_modelbench.sandbox.layout import LayoutError, RootLayout, launcher_code, root_layout
-from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SETUP_FAILED
+from pytest_modelbench.sandbox.namespaces import (
+    INSIDE_WORKDIR,
+    SANDBOX_ID,
+    SETUP_FAILED,
+    SHM_BYTES,
+)
 from pytest_modelbench.sandbox.processes import (
     TOKEN_VAR,
     kill_group,
@@ -84,6 +89,9 @@ class SandboxLimits:
     file_size_bytes: int = 16 << 20
     open_files: int = 256
     tail_chars: int = 2000
+    work_bytes: int = 64 << 20
+    """Size of the working directory at the full levels: a tmpfs in the sandbox's own mount
+    namespace, gone with it (what a program writes never reaches the host's disk)."""
 
     def for_launcher(self) -> dict[str, int]:
         return {
@@ -92,6 +100,7 @@ class SandboxLimits:
             "max_processes": self.max_processes,
             "file_size_bytes": self.file_size_bytes,
             "open_files": self.open_files,
+            "work_bytes": self.work_bytes,
         }
 
 
@@ -358,9 +367,26 @@ class Sandbox:
         info: dict[str, Any] = {"isolation": level, "full": level in FULL_LEVELS}
         if level in FULL_LEVELS:
             info["python"] = self._layout().interpreter
+        info["limits"] = self.stated_limits(level)
         if self.unavailable:
             info["unavailable"] = dict(self.unavailable)
         return info
+
+    def stated_limits(self, level: Level) -> dict[str, Any]:
+        """The limits a run gets at ``level``, and what each one binds (the CPU time is each
+        suite's own, per program)."""
+        limits = self.limits
+        stated: dict[str, Any] = {
+            "memory_bytes_per_process": limits.memory_bytes,
+            "processes": limits.max_processes,
+            "file_size_bytes": limits.file_size_bytes,
+            "open_files": limits.open_files,
+            "wall_seconds": limits.wall_seconds,
+        }
+        if level in FULL_LEVELS:
+            stated["work_bytes"] = limits.work_bytes  # a tmpfs: the whole program's disk
+            stated["shm_bytes"] = SHM_BYTES
+        return stated
 
     def _choose(self) -> Level:
         for level in FULL_LEVELS:
@@ -461,16 +487,23 @@ class Sandbox:
         return config
 
     def _command(
-        self, level: Level, config_fd: int, workdir: Path
-    ) -> tuple[list[str], dict[str, Any]]:
-        """The launcher's command line (its configuration comes on ``config_fd``) and how to
-        start it, at ``level``."""
+        self, level: Level, config_fd: int, workdir: Path, limits: SandboxLimits
+    ) -> tuple[list[str], dict[str, Any], list[int]]:
+        """The launcher's command line (its configuration comes on ``config_fd``), how to
+        start it, at ``level``, and the descriptors it inherits besides (the working
+        directory's files, which bubblewrap copies into the sandbox's tmpfs)."""
         if level == "bwrap":
             found = bwrap.find_bwrap() or "bwrap"
+            files = bwrap.work_files(str(workdir))
             argv = bwrap.command(
-                found, self._layout(), str(workdir), config_fd, network=self.allow_network
+                found,
+                self._layout(),
+                files,
+                config_fd,
+                network=self.allow_network,
+                work_bytes=limits.work_bytes,
             )
-            return argv, {"cwd": "/", **bwrap.popen_options()}
+            return argv, {"cwd": "/", **bwrap.popen_options()}, [fd for fd, _ in files if fd >= 0]
         if level == "namespaces":  # site runs once the root is built (see launcher.main)
             argv = [self._layout().interpreter, "-I", "-S", "-B"]
         else:
@@ -481,7 +514,7 @@ class Sandbox:
             if level != "audit-hook":
                 raise
             boot = Path(__file__).with_name("boot.py")  # compiled on every run, but it runs
-        return [*argv, str(boot), str(config_fd)], {"cwd": str(workdir)}
+        return [*argv, str(boot), str(config_fd)], {"cwd": str(workdir)}, []
 
     def _launch(
         self,
@@ -490,13 +523,17 @@ class Sandbox:
         config: dict[str, Any],
         token: str,
         request: bytes | None,
-        wall: float,
+        limits: SandboxLimits,
     ) -> tuple[bool, bytes]:
         """Start the launcher, hand the judge its request, wait for the end or the wall clock,
         kill what is left; whether it timed out, and what the launcher reported."""
         ours, theirs = socket.socketpair()  # a socket: no other process can reopen it via /proc
         config_fd = _pipe_holding({**config, "report_fd": theirs.fileno()})
-        argv, options = self._command(level, config_fd, root / "work")
+        try:
+            argv, options, inherited = self._command(level, config_fd, root / "work", limits)
+        except BaseException:
+            os.close(config_fd)
+            raise
         with ours, open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
             start = time.monotonic()
             try:
@@ -507,18 +544,19 @@ class Sandbox:
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
-                        pass_fds=(theirs.fileno(), config_fd),
+                        pass_fds=(theirs.fileno(), config_fd, *inherited),
                         start_new_session=True,
                         **options,
                     )
             finally:
-                os.close(config_fd)
+                for fd in (config_fd, *inherited):
+                    os.close(fd)
             try:
                 if request is not None:
                     with contextlib.suppress(OSError):  # the launcher died: no verdict follows
-                        ours.settimeout(wall)
+                        ours.settimeout(limits.wall_seconds)
                         ours.sendall(request)
-                left = max(0.0, wall - (time.monotonic() - start))
+                left = max(0.0, limits.wall_seconds - (time.monotonic() - start))
                 timed_out = not wait_unreaped(process, left)
             finally:
                 kill_group(process.pid)  # the unreaped leader keeps the group id ours
@@ -550,9 +588,7 @@ class Sandbox:
             request = None if tests is None else (json.dumps(tests.request()) + "\n").encode()
             start = time.monotonic()
             try:
-                timed_out, data = self._launch(
-                    level, root, config, token, request, limits.wall_seconds
-                )
+                timed_out, data = self._launch(level, root, config, token, request, limits)
             finally:
                 if cgroup is not None:
                     cgroup.destroy()

@@ -234,3 +234,50 @@ def test_a_failed_set_up_is_a_sandbox_failure_and_an_error_row(
     suite, example = _he(0)
     with pytest.raises(SandboxFailure, match=r"was not set up: .*hidden host paths: /work"):
         suite.score(example, f"```python\n{RIGHT}```")
+
+
+# -- whole-program limits ------------------------------------------------------------------
+
+# writes 16 MiB files (the per-file limit) until the disk says no, up to 256 MiB, from four
+# processes at once: what one process cannot do alone
+DISK_FILL = r"""
+import os
+
+def _fill(tag):
+    written = 0
+    for n in range(4):
+        try:
+            with open(f"fill-{tag}-{n}", "wb") as handle:
+                for _ in range(16):
+                    handle.write(b"x" * (1 << 20))
+                    handle.flush()
+                    written += 1 << 20
+        except OSError:
+            break
+    return written
+
+children = []
+for tag in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if _fill(tag) >= 0 else 1)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+total = sum(os.path.getsize(name) for name in os.listdir(".") if name.startswith("fill-"))
+print("WROTE", total, flush=True)
+"""
+
+
+def test_a_disk_fill_stops_at_the_work_limit_and_leaves_nothing(
+    full: Sandbox, scratch: Path
+) -> None:
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{DISK_FILL + WRONG}```")
+    limits = SandboxLimits(cpu_seconds=10, wall_seconds=30, work_bytes=32 << 20)
+    result = full.run_tests(program, tests, limits=limits)
+    assert result.status == "failed", result
+    wrote = int(result.stdout_tail.split("WROTE ")[1].split()[0])
+    assert 16 << 20 <= wrote <= 32 << 20, wrote
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
+    assert left == []
