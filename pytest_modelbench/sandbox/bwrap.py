@@ -20,6 +20,13 @@ from pytest_modelbench.sandbox.layout import RootLayout
 from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SHM_BYTES
 
 CODE_DIR = "/opt/modelbench"  # where the launcher's modules appear in the sandbox
+CGROUP_VAR = "MODELBENCH_SANDBOX_CGROUP"  # "1": the run's cgroup was joined (see joining)
+# joins each cgroup named in the arguments, then runs bubblewrap, telling the launcher
+# whether every join held (bubblewrap's child stays in the cgroups it starts in)
+JOIN = (
+    'n=$1; shift; ok=1; while [ "$n" -gt 0 ]; do { echo $$ > "$1"; } 2>/dev/null || ok=0; '
+    f'shift; n=$((n - 1)); done; b=$1; shift; exec "$b" --setenv {CGROUP_VAR} "$ok" "$@"'
+)
 HOSTNAME = "sandbox"
 
 
@@ -88,6 +95,13 @@ def command(
     args += ["--chdir", INSIDE_WORKDIR, "--remount-ro", "/"]
     boot = f"{CODE_DIR}/pytest_modelbench/sandbox/boot.py"
     return [*args, "--", layout.interpreter, "-I", "-B", boot, str(config_fd)]
+
+
+def joining(procs_files: list[str], argv: list[str]) -> list[str]:
+    """``argv`` (bubblewrap's) run by a shell that first joins the cgroups whose process
+    lists are ``procs_files`` (the launcher, inside, can no longer reach them)."""
+    shell = shutil.which("sh", path="/bin:/usr/bin") or "/bin/sh"
+    return [shell, "-c", JOIN, "sh", str(len(procs_files)), *procs_files, *argv]
 
 
 def popen_options() -> dict[str, Any]:

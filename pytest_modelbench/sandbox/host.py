@@ -7,9 +7,11 @@ trivial program: ``bwrap`` (bubblewrap), else ``namespaces`` (our own), else ``a
 program the same minimal root (:mod:`pytest_modelbench.sandbox.layout`) and fail a run
 rather than run it with less. Each execution gets a throw-away directory, a scrubbed
 environment (no API keys: only PATH, HOME, TMPDIR and locale), output captured to files
-(bounded by the file-size limit, so a chatty program cannot exhaust host memory), its own
-pids cgroup where the host allows, and a wall-clock timeout after which the whole process
-group, cgroup and PID namespace are killed. A semaphore bounds how many executions run at
+(bounded by the file-size limit, so a chatty program cannot exhaust host memory), at the
+full levels a size-limited tmpfs working directory and its own cgroup (process count and
+memory for the whole program) where the host allows, a seccomp filter where libseccomp is
+available, and a wall-clock timeout after which the whole process group, cgroup and PID
+namespace are killed. A semaphore bounds how many executions run at
 once.
 
 :meth:`Sandbox.run` judges a program by its exit code, which the program
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from pytest_modelbench.sandbox import bwrap
-from pytest_modelbench.sandbox.cgroups import PidsCgroup
+from pytest_modelbench.sandbox.cgroups import ProgramCgroup, cgroup_base
 from pytest_modelbench.sandbox.judge import guard_asserts
 from pytest_modelbench.sandbox.layout import LayoutError, RootLayout, launcher_code, root_layout
 from pytest_modelbench.sandbox.namespaces import (
@@ -58,6 +60,7 @@ from pytest_modelbench.sandbox.processes import (
     tail,
     wait_unreaped,
 )
+from pytest_modelbench.sandbox.seccomp import program_filter
 
 Status = Literal["passed", "failed", "timeout", "crashed"]
 Level = Literal["bwrap", "namespaces", "audit-hook"]
@@ -377,13 +380,18 @@ class Sandbox:
         suite's own, per program)."""
         limits = self.limits
         stated: dict[str, Any] = {
-            "memory_bytes_per_process": limits.memory_bytes,
+            "memory_bytes": limits.memory_bytes,
             "processes": limits.max_processes,
             "file_size_bytes": limits.file_size_bytes,
             "open_files": limits.open_files,
             "wall_seconds": limits.wall_seconds,
         }
-        if level in FULL_LEVELS:
+        stated["seccomp"] = self._seccomp() is not None
+        whole = level in FULL_LEVELS
+        for limit, controller in (("memory", "memory"), ("processes", "pids")):
+            whole_program = whole and cgroup_base(controller) is not None
+            stated[f"{limit}_scope"] = "whole program (cgroup)" if whole_program else "per process"
+        if whole:
             stated["work_bytes"] = limits.work_bytes  # a tmpfs: the whole program's disk
             stated["shm_bytes"] = SHM_BYTES
         return stated
@@ -477,6 +485,7 @@ class Sandbox:
             "judged": judged,
             "host_ns": host_namespaces(),
             "hidden": [],
+            "seccomp": self._seccomp(),
         }
         if level in FULL_LEVELS:
             layout = self._layout()
@@ -485,6 +494,28 @@ class Sandbox:
                 config.update(host_workdir=str(workdir), layout=layout.for_launcher())
                 config["root_dir"] = str(workdir.parent / "root")
         return config
+
+    @staticmethod
+    def _seccomp() -> dict[str, str] | None:
+        """The program's seccomp filters (with and without ``execve``) for the launcher, or
+        None where libseccomp is not available."""
+        spawn, no_spawn = program_filter(spawn=True), program_filter(spawn=False)
+        if spawn is None or no_spawn is None:
+            return None
+        return {"spawn": spawn.hex(), "no_spawn": no_spawn.hex()}
+
+    def _cgroup(self, level: Level, token: str, limits: SandboxLimits) -> ProgramCgroup | None:
+        """The run's own cgroup at the full levels where the host allows one: the launcher
+        joins it (``namespaces``), or the shell that starts bubblewrap does (``bwrap``, as
+        the sandbox user when we are root: it may write the cgroup's process list)."""
+        if level not in FULL_LEVELS:
+            return None
+        cgroup = ProgramCgroup.create(f"run-{token}", limits.max_processes, limits.memory_bytes)
+        if cgroup is not None and level == "bwrap" and os.geteuid() == 0:
+            for path in cgroup.procs_files:
+                with contextlib.suppress(OSError):
+                    os.chown(path, SANDBOX_ID, SANDBOX_ID)
+        return cgroup
 
     def _command(
         self, level: Level, config_fd: int, workdir: Path, limits: SandboxLimits
@@ -531,6 +562,8 @@ class Sandbox:
         config_fd = _pipe_holding({**config, "report_fd": theirs.fileno()})
         try:
             argv, options, inherited = self._command(level, config_fd, root / "work", limits)
+            if level == "bwrap" and config.get("cgroup_procs"):
+                argv = bwrap.joining(config["cgroup_procs"], argv)
         except BaseException:
             os.close(config_fd)
             raise
@@ -579,24 +612,25 @@ class Sandbox:
                 (root / "root").mkdir()
             if level in FULL_LEVELS and os.geteuid() == 0:
                 _give_to_sandbox_user(root, workdir)
-            cgroup = (
-                PidsCgroup.create(f"run-{token}", limits.max_processes)
-                if level == "namespaces"
-                else None
-            )
-            config["cgroup_procs"] = cgroup.procs_file if cgroup else None
+            cgroup = self._cgroup(level, token, limits)
+            config["cgroup_procs"] = cgroup.procs_files if cgroup else None
+            config["cgroup_controllers"] = list(cgroup.controllers) if cgroup else []
             request = None if tests is None else (json.dumps(tests.request()) + "\n").encode()
             start = time.monotonic()
+            oom_kills = 0
             try:
                 timed_out, data = self._launch(level, root, config, token, request, limits)
             finally:
                 if cgroup is not None:
+                    oom_kills = cgroup.oom_kills()
                     cgroup.destroy()
             duration = time.monotonic() - start
             isolation, exit_info, verdicts = _read_report(data)
             reported = bool(isolation)  # sent once the program's process is confined
             isolation.setdefault("level", level)
-            if cgroup is None and not isolation.get("pidns"):
+            if oom_kills:
+                isolation["oom_kills"] = oom_kills
+            if not isolation.get("cgroup") and not isolation.get("pidns"):
                 sweep(token)
             stderr = tail(root / "stderr", limits.tail_chars)
             stdout = tail(root / "stdout", limits.tail_chars)
@@ -604,10 +638,17 @@ class Sandbox:
             status, reason, code = classify(timed_out, exit_info, stderr, limits)
             return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation)
         verdict = valid_verdict(verdicts, len(tests.cases))
-        failure = machinery_failure(reported, timed_out, verdicts, verdict, stderr)
-        if failure is not None:
-            isolation["machinery_failure"] = failure
         status, reason, code = classify_judged(timed_out, verdict, exit_info, limits)
+        if oom_kills and status != "passed":  # the judge too, maybe: the program's memory
+            status = "crashed"
+            reason = (
+                f"memory limit of {limits.memory_bytes} bytes for the whole program exceeded "
+                f"({oom_kills} processes killed)"
+            )
+        else:
+            failure = machinery_failure(reported, timed_out, verdicts, verdict, stderr)
+            if failure is not None:
+                isolation["machinery_failure"] = failure
         counts = {k: verdict[k] for k in ("total", "passed", "calls")} if verdict else {}
         judged = str(verdict.get("output", ""))[-limits.tail_chars :] if verdict else ""
         return ExecutionResult(

@@ -8,7 +8,7 @@ says what isolates the program:
 * ``bwrap``: bubblewrap has built the root and the namespaces; this process is PID 1
   in them, as the sandbox user, with no capabilities;
 * ``namespaces``: :func:`pytest_modelbench.sandbox.namespaces.enter` builds the same
-  root and namespaces (after joining the host-made pids cgroup);
+  root and namespaces (after joining the host-made cgroup);
 * ``audit-hook``: nothing but rlimits and the Python audit hook (not a security
   boundary; the code suites refuse it unless the user opts in).
 
@@ -20,8 +20,9 @@ its level. The program's process sets rlimits (CPU, address space, file size,
 open files, process count), drops every capability, installs a Python audit hook
 (no sockets, no writes outside the working directory, no ``ctypes``; no process
 spawning without a network namespace, no ``fork`` when nothing bounds the process
-count), reports the isolation (JSON lines on a socket the host passed in), closes
-every descriptor but stdio and runs the program.
+count), loads the host-built seccomp filter, reports the isolation (JSON lines on a
+socket the host passed in: the record means "confined"), closes every descriptor but stdio
+and runs the program.
 
 Plain runs report the program's exit. Judged runs (``config["judged"]``) turn
 PID 1 into :mod:`pytest_modelbench.sandbox.judge`: it forks the program's
@@ -47,7 +48,10 @@ from pytest_modelbench.sandbox import candidate, judge, namespaces, wire
 from pytest_modelbench.sandbox.namespaces import SANDBOX_ID, SETUP_FAILED
 
 FULL_LEVELS = ("bwrap", "namespaces")
+CGROUP_VAR = "MODELBENCH_SANDBOX_CGROUP"  # set by the shell that starts bubblewrap (bwrap.JOIN)
 PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219, "loongarch64": 219}
 SYS_KEYCTL.update({"ppc64le": 271, "ppc64": 271, "s390x": 280})
@@ -107,6 +111,22 @@ def drop_capabilities() -> bool:
         lib.prctl(namespaces.PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails harmlessly without caps
     namespaces.clear_capabilities(lib)
     return namespaces.effective_capabilities() == 0
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_filter(program: bytes) -> bool:
+    """Load a seccomp filter (BPF built on the host by
+    :func:`pytest_modelbench.sandbox.seccomp.program_filter`) into this process and its
+    future children; needs ``PR_SET_NO_NEW_PRIVS`` (set by :func:`drop_capabilities`)."""
+    if not sys.platform.startswith("linux") or not program or len(program) % 8:
+        return False
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    lib = namespaces.libc()
+    return bool(lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0)
 
 
 def set_dumpable(dumpable: bool) -> bool:
@@ -208,7 +228,7 @@ def set_limits(limits: dict[str, int], iso: dict[str, Any]) -> str:
     import resource  # function-level: Unix only
 
     set_process_limits(limits)
-    if iso.get("cgroup"):
+    if "pids" in iso.get("cgroup", []):
         return "cgroup"
     uid = os.getuid()
     if uid == 0:
@@ -312,12 +332,11 @@ def confine(
         iso["nproc"] = nproc
         iso["caps_dropped"] = drop_capabilities()
         fork = nproc != "guard"
-        hook = make_guard(
-            config["workdir"],
-            network=config["network"],
-            spawn=fork and (bool(iso.get("netns")) or config["network"]),
-            fork=fork,
-        )
+        spawn = fork and (bool(iso.get("netns")) or config["network"])
+        hook = make_guard(config["workdir"], network=config["network"], spawn=spawn, fork=fork)
+        filters = config.get("seccomp") or {}
+        bpf = filters.get("spawn" if spawn else "no_spawn")
+        iso["seccomp"] = isinstance(bpf, str) and load_filter(bytes.fromhex(bpf))
         set_dumpable(True)
         # last: the host reads this record as "the program's process is confined", so a
         # failure before it is the sandbox's, and anything after it the program's
@@ -437,11 +456,15 @@ def read_config(fd: int) -> dict[str, Any]:
 def main() -> None:
     """Entry point of the launcher process (run by :mod:`pytest_modelbench.sandbox.boot`)."""
     config = read_config(int(sys.argv[1]))
-    iso: dict[str, Any] = {"level": config["level"], "cgroup": False}
-    if config.get("cgroup_procs"):
+    iso: dict[str, Any] = {"level": config["level"], "cgroup": []}
+    joined = os.environ.pop(CGROUP_VAR, None)  # bwrap: the shell that started it joined
+    if joined == "1":
+        iso["cgroup"] = config.get("cgroup_controllers") or []
+    elif config.get("cgroup_procs") and config["level"] != "bwrap":
         try:
-            namespaces.write_file(config["cgroup_procs"], str(os.getpid()))
-            iso["cgroup"] = True
+            for procs in config["cgroup_procs"]:
+                namespaces.write_file(procs, str(os.getpid()))
+            iso["cgroup"] = config.get("cgroup_controllers") or []
         except OSError as error:
             iso["cgroup_error"] = str(error)
     try:

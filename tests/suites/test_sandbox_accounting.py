@@ -32,14 +32,17 @@ from pytest_modelbench.sandbox import (
     Sandbox,
     SandboxFailure,
     SandboxLimits,
+    cgroups,
     host,
     policy,
     processes,
+    seccomp,
 )
 from pytest_modelbench.sandbox.layout import root_layout
 from pytest_modelbench.suites import coding
 from pytest_modelbench.suites.coding import HumanEval
 from pytest_modelbench.suites.contract import Example
+from tests.suites.conftest import in_ci
 
 LIMITS = SandboxLimits(cpu_seconds=10, wall_seconds=20, memory_bytes=512 << 20)
 MakeSandbox = Callable[..., Sandbox]
@@ -281,3 +284,94 @@ def test_a_disk_fill_stops_at_the_work_limit_and_leaves_nothing(
     assert 16 << 20 <= wrote <= 32 << 20, wrote
     left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
     assert left == []
+
+
+# four processes of 300 MiB each: every one within the per-process limit, together over it;
+# the answer is defined only when all four held their memory
+MEMORY_HOG = r"""
+import os, time
+
+def _hold():
+    block = bytearray(300 << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return block
+
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        _hold()
+        time.sleep(1)
+        os._exit(0)
+    children.append(pid)
+held = _hold()
+if all(os.waitpid(pid, 0)[1] == 0 for pid in children):
+    def has_close_elements(numbers, threshold):
+        return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
+"""
+
+
+def test_memory_is_limited_for_the_whole_program(full: Sandbox, scratch: Path) -> None:
+    if cgroups.cgroup_base("memory") is None:
+        pytest.skip("this host gives us no memory cgroup (the limit is per process)")
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{MEMORY_HOG}```")
+    result = full.run_tests(program, tests)  # 512 MiB for the whole program
+    assert result.status == "crashed" and "for the whole program exceeded" in result.reason
+    assert result.isolation["cgroup"] == ["pids", "memory"]
+    assert full.describe()["limits"]["memory_scope"] == "whole program (cgroup)"
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
+    assert left == []
+
+
+# -- seccomp ---------------------------------------------------------------------------------
+
+SYSCALLS = r"""
+import socket
+print(*[line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp:")])
+for name in ("AF_VSOCK", "AF_PACKET"):
+    try:
+        socket.socket(getattr(socket, name), socket.SOCK_STREAM if name == "AF_VSOCK" else 3)
+        print(name, "opened")
+    except OSError as error:
+        print(name, "refused", error.errno)
+"""
+# what subprocess.Popen does after its audit event: a fork and an exec the audit hook never sees
+FORK_EXEC = r"""
+import _posixsubprocess, os
+r, w = os.pipe()
+pid = _posixsubprocess.fork_exec(
+    [b"/bin/sh", b"-c", b"echo FORKED"], [b"/bin/sh"], True, (w,), None, None,
+    -1, -1, -1, -1, -1, -1, r, w, False, False, -1, None, None, None, -1, None, False,
+)
+os.close(w)
+print("CHILD SAID", os.read(r, 200), flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def _needs_seccomp() -> None:
+    if seccomp.program_filter(spawn=True) is None:
+        if in_ci():
+            pytest.fail("CI runs with libseccomp (pyseccomp): the filter must be there")
+        pytest.skip("libseccomp is not available here: programs run without the filter")
+
+
+def test_refused_system_calls_fail_with_eperm(any_level: Sandbox) -> None:
+    _needs_seccomp()
+    result = any_level.run(SYSCALLS)
+    assert result.status == "passed", result.stderr_tail
+    lines = result.stdout_tail.splitlines()
+    assert lines[0] == "2"  # a seccomp filter holds
+    assert lines[1:] == ["AF_VSOCK refused 1", "AF_PACKET refused 1"]
+    assert result.isolation["seccomp"] is True
+    assert any_level.describe()["limits"]["seccomp"] is True
+
+
+def test_the_weak_level_fork_exec_starts_nothing(make_sandbox: MakeSandbox) -> None:
+    _needs_seccomp()
+    weak = make_sandbox("audit-hook", LIMITS)
+    result = weak.run(FORK_EXEC)
+    assert "FORKED" not in result.stdout_tail, result.stdout_tail
+    assert "CHILD SAID b'OSError:1:" in result.stdout_tail  # EPERM from execve

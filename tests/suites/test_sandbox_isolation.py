@@ -544,4 +544,5 @@ def test_the_level_is_in_each_row_and_the_summary(
     fields = suite.summary_fields()["sandbox"]
     assert fields["isolation"] == full.level and fields["full"] is True
     assert fields["limits"]["work_bytes"] == full.limits.work_bytes
-    assert fields["limits"]["memory_bytes_per_process"] == full.limits.memory_bytes
+    assert fields["limits"]["memory_bytes"] == full.limits.memory_bytes
+    assert fields["limits"]["memory_scope"] in ("whole program (cgroup)", "per process")
