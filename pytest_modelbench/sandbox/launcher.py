@@ -303,6 +303,18 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
     return hook
 
 
+def _refusing_posixsubprocess(hook: Callable[..., None]) -> Callable[..., None]:
+    """``hook`` that also refuses importing ``_posixsubprocess``, whose ``fork_exec`` starts a
+    program without any audit event (where no seccomp filter refuses ``execve``)."""
+
+    def guarded(event: str, args: tuple[Any, ...]) -> None:
+        if event == "import" and args and args[0] == "_posixsubprocess":
+            raise PermissionError("modelbench sandbox: starting programs is not allowed")
+        hook(event, args)
+
+    return guarded
+
+
 def _report(fd: int, record: dict[str, Any]) -> None:
     os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
 
@@ -333,10 +345,12 @@ def confine(
         iso["caps_dropped"] = drop_capabilities()
         fork = nproc != "guard"
         spawn = fork and (bool(iso.get("netns")) or config["network"])
-        hook = make_guard(config["workdir"], network=config["network"], spawn=spawn, fork=fork)
         filters = config.get("seccomp") or {}
         bpf = filters.get("spawn" if spawn else "no_spawn")
         iso["seccomp"] = isinstance(bpf, str) and load_filter(bytes.fromhex(bpf))
+        hook = make_guard(config["workdir"], network=config["network"], spawn=spawn, fork=fork)
+        if not spawn and not iso["seccomp"]:  # nothing refuses execve: no fork_exec either
+            hook = _refusing_posixsubprocess(hook)
         set_dumpable(True)
         # last: the host reads this record as "the program's process is confined", so a
         # failure before it is the sandbox's, and anything after it the program's

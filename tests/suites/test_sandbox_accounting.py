@@ -375,3 +375,13 @@ def test_the_weak_level_fork_exec_starts_nothing(make_sandbox: MakeSandbox) -> N
     result = weak.run(FORK_EXEC)
     assert "FORKED" not in result.stdout_tail, result.stdout_tail
     assert "CHILD SAID b'OSError:1:" in result.stdout_tail  # EPERM from execve
+
+
+def test_without_seccomp_the_weak_level_refuses_posixsubprocess(
+    make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Sandbox, "_seccomp", staticmethod(lambda: None))
+    weak = make_sandbox("audit-hook", LIMITS)
+    result = weak.run(FORK_EXEC)
+    assert result.status == "failed" and "starting programs is not allowed" in result.reason
+    assert "FORKED" not in result.stdout_tail and result.isolation["seccomp"] is False
