@@ -16,8 +16,11 @@ from pytest_modelbench.store.journal import TOO_DEEP, Journal
 from tests.conftest import Project, configure
 from tests.core.test_client_transport import answer, http, run
 
-# every code point, the surrogates (category Cs) included
-ANY_TEXT = st.text(alphabet=st.characters(codec=None, categories=None))
+# every code point, with the lone surrogates (category Cs) drawn often: left to the first
+# strategy, fewer than 1 string in 200 holds one (here most strings do)
+ANY_TEXT = st.lists(
+    st.characters(codec=None, categories=None) | st.characters(categories=["Cs"])
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
