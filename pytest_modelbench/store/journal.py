@@ -65,9 +65,10 @@ def _shallow(value: Any, depth: int) -> Any:
 
 
 def _line_bytes(line: str) -> int:
-    """Bytes that ``line`` and its newline take in the file (utf-8, surrogates escaped)."""
-    size = len(line) if line.isascii() else len(line.encode("utf-8", TEXT_ERRORS))
-    return size + _NEWLINE_BYTES
+    """Bytes that ``line`` and its newline take in the file (utf-8); ``UnicodeEncodeError``
+    for a line with a lone surrogate (the file holds its escape, which reads back otherwise
+    than the line: a high and a low one become one character)."""
+    return (len(line) if line.isascii() else len(line.encode())) + _NEWLINE_BYTES
 
 
 def _written_key(row: Mapping[str, Any], dumped: str, line: str) -> Key:
@@ -271,7 +272,11 @@ class Journal:
         per example, on the event loop)."""
         held = self._held
         assert held is not None
-        self._held_size += _line_bytes(line)
+        try:
+            self._held_size += _line_bytes(line)
+        except UnicodeEncodeError:  # a lone surrogate: read the file, as the reader does
+            self._forget()
+            return
         if self._held_size > HELD_BYTES:  # as large as Journal.latest streams: hold nothing
             self._forget()
             return
