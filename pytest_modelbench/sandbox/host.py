@@ -636,15 +636,13 @@ class Sandbox:
             stdout = tail(root / "stdout", limits.tail_chars)
         if tests is None:
             status, reason, code = classify(timed_out, exit_info, stderr, limits)
+            if oom_kills and status != "passed":
+                status, reason = "crashed", _out_of_memory(limits, oom_kills)
             return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation)
         verdict = valid_verdict(verdicts, len(tests.cases))
         status, reason, code = classify_judged(timed_out, verdict, exit_info, limits)
         if oom_kills and status != "passed":  # the judge too, maybe: the program's memory
-            status = "crashed"
-            reason = (
-                f"memory limit of {limits.memory_bytes} bytes for the whole program exceeded "
-                f"({oom_kills} processes killed)"
-            )
+            status, reason = "crashed", _out_of_memory(limits, oom_kills)
         else:
             failure = machinery_failure(reported, timed_out, verdicts, verdict, stderr)
             if failure is not None:
@@ -654,6 +652,13 @@ class Sandbox:
         return ExecutionResult(
             status, reason, code, stdout, stderr, duration, isolation, counts, judged
         )
+
+
+def _out_of_memory(limits: SandboxLimits, kills: int) -> str:
+    return (
+        f"memory limit of {limits.memory_bytes} bytes for the whole program exceeded "
+        f"({kills} processes killed)"
+    )
 
 
 @contextlib.contextmanager
