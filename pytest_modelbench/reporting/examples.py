@@ -238,7 +238,7 @@ class _Packer:
         self._pending_len += len(self._pending[-1])
         self.count += 1
         if self._pending_len > CHUNK_CHARS:
-            self._compress("".join(self._pending).encode())
+            self._compress("".join(self._pending).encode("utf-8", "backslashreplace"))
             self._pending, self._pending_len = [], 0
             size = sum(len(chunk) for chunk in self._chunks)  # those compressed so far
             if size > self.limit:
@@ -268,7 +268,7 @@ class _Packer:
 
     def done(self) -> tuple[str, int]:
         self._pending.append("]")
-        self._compress("".join(self._pending).encode())
+        self._compress("".join(self._pending).encode("utf-8", "backslashreplace"))
         while self._running:
             self._running.popleft().join()
         if self._error is not None:

@@ -166,12 +166,21 @@ def row_line(row: Mapping[str, Any], metric: str) -> bytes:
     """The row's columns as the JSON object :func:`parquet_line` completes."""
     columns = row_columns(row, metric)
     columns["metrics"] = [{"key": k, "value": v} for k, v in columns["metrics"].items()]
-    return _LINE.encode(columns).encode()
+    return _utf8_line(_LINE.encode(columns))
 
 
 def item_line(run_id: str, item: ItemRecord) -> bytes:
     """The item's columns as JSON members (no braces) for :func:`parquet_line`."""
-    return _LINE.encode(item_columns(run_id, item)).encode()[1:-1]
+    return _utf8_line(_LINE.encode(item_columns(run_id, item)))[1:-1]
+
+
+def _utf8_line(line: str) -> bytes:
+    """An ASCII JSON line as bytes; a lone surrogate's escape (text from a network) as U+FFFD's,
+    as Arrow's strings are UTF-8 and refuse one."""
+    if "\\ud" in line or "\\uD" in line:
+        text = json.dumps(json.loads(line), ensure_ascii=False)
+        line = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return line.encode()
 
 
 def parquet_line(item_part: bytes, row_part: bytes) -> bytes:

@@ -101,14 +101,20 @@ def make_handler(run_dir: Path, index: ExampleIndex, hint: str) -> type[BaseHTTP
             url = urlsplit(self.path)
             if url.path == "/":
                 page = render_report(load_run(run_dir), examples_source="api", run_hint=hint)
-                self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
+                self._send(
+                    HTTPStatus.OK,
+                    page.encode("utf-8", "backslashreplace"),
+                    "text/html; charset=utf-8",
+                )
             elif url.path == "/api/examples":
                 params = parse_qs(url.query)
                 query = Query(*(params.get(k, [""])[0] for k in ("item", "outcome", "q", "ex")))
                 offset = _number(params, "offset", 0, 1 << 31)
                 limit = _number(params, "limit", PAGE_SIZE, MAX_LIMIT)
                 body = json.dumps(index.query(query, offset, limit), ensure_ascii=False)
-                self._send(HTTPStatus.OK, body.encode(), "application/json")
+                self._send(
+                    HTTPStatus.OK, body.encode("utf-8", "backslashreplace"), "application/json"
+                )
             else:
                 self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
 

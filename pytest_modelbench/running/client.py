@@ -147,16 +147,25 @@ def _completion(response: Response, where: str) -> tuple[dict[str, Any], dict[st
     if response.status != 200:
         raise unusable(response, where)
     try:
-        data: dict[str, Any] = json.loads(response.body)
+        data: dict[str, Any] = _json_body(response.body)
         failed = _error_body(data, response, where)
         if failed is not None:
             raise failed
         choice: dict[str, Any] = data["choices"][0]
         if not isinstance(choice, dict):
             raise TypeError
-    except (json.JSONDecodeError, KeyError, IndexError, TypeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError, RecursionError):
         raise Malformed("malformed response") from None
     return data, choice
+
+
+def _json_body(body: bytes) -> Any:
+    """A response body's JSON; bytes that are not UTF-8 (a server's broken text) read as U+FFFD,
+    so the reply is kept and scored rather than retried as malformed."""
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError:
+        return json.loads(body.decode("utf-8", errors="replace"))
 
 
 class OpenAIClient(EndpointPool):

@@ -20,6 +20,13 @@ from pytest_modelbench.sandbox.layout import RootLayout
 from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SHM_BYTES
 
 CODE_DIR = "/opt/modelbench"  # where the launcher's modules appear in the sandbox
+CGROUP_VAR = "MODELBENCH_SANDBOX_CGROUP"  # "1": the run's cgroup was joined (see joining)
+# joins each cgroup named in the arguments, then runs bubblewrap, telling the launcher
+# whether every join held (bubblewrap's child stays in the cgroups it starts in)
+JOIN = (
+    'n=$1; shift; ok=1; while [ "$n" -gt 0 ]; do { echo $$ > "$1"; } 2>/dev/null || ok=0; '
+    f'shift; n=$((n - 1)); done; b=$1; shift; exec "$b" --setenv {CGROUP_VAR} "$ok" "$@"'
+)
 HOSTNAME = "sandbox"
 
 
@@ -28,11 +35,36 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin")
 
 
+def work_files(workdir: str) -> list[tuple[int, str]]:
+    """(a descriptor open for reading, its path relative to ``workdir``) per file the host
+    wrote there (folders first), for :func:`command`; the caller closes them (-1: a folder)."""
+    found: list[tuple[int, str]] = []
+    try:
+        for folder, dirs, names in os.walk(workdir):
+            relative = os.path.relpath(folder, workdir)
+            prefix = "" if relative == "." else relative + "/"
+            found += [(-1, prefix + name) for name in sorted(dirs)]
+            found += [(os.open(os.path.join(folder, n), os.O_RDONLY), prefix + n) for n in names]
+    except BaseException:
+        for fd, _ in found:
+            if fd >= 0:
+                os.close(fd)
+        raise
+    return found
+
+
 def command(
-    bwrap: str, layout: RootLayout, workdir: str, config_fd: int, *, network: bool
+    bwrap: str,
+    layout: RootLayout,
+    files: list[tuple[int, str]],
+    config_fd: int,
+    *,
+    network: bool,
+    work_bytes: int,
 ) -> list[str]:
     """The ``bwrap`` command line that runs the launcher (its configuration on the inherited
-    descriptor ``config_fd``) in a fresh root."""
+    descriptor ``config_fd``) in a fresh root, with ``files`` (from :func:`work_files`)
+    copied into a tmpfs of ``work_bytes`` at the working directory."""
     args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     if network:
         args.append("--share-net")
@@ -56,9 +88,20 @@ def command(
         "--remount-ro",
         "/dev",
     ]
-    args += ["--bind", workdir, INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR, "--remount-ro", "/"]
+    args += ["--size", str(work_bytes), "--perms", "0755", "--tmpfs", INSIDE_WORKDIR]
+    for fd, name in files:
+        target = f"{INSIDE_WORKDIR}/{name}"
+        args += ["--dir", target] if fd < 0 else ["--perms", "0644", "--file", str(fd), target]
+    args += ["--chdir", INSIDE_WORKDIR, "--remount-ro", "/"]
     boot = f"{CODE_DIR}/pytest_modelbench/sandbox/boot.py"
     return [*args, "--", layout.interpreter, "-I", "-B", boot, str(config_fd)]
+
+
+def joining(procs_files: list[str], argv: list[str]) -> list[str]:
+    """``argv`` (bubblewrap's) run by a shell that first joins the cgroups whose process
+    lists are ``procs_files`` (the launcher, inside, can no longer reach them)."""
+    shell = shutil.which("sh", path="/bin:/usr/bin") or "/bin/sh"
+    return [shell, "-c", JOIN, "sh", str(len(procs_files)), *procs_files, *argv]
 
 
 def popen_options() -> dict[str, Any]:

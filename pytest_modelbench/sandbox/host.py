@@ -7,9 +7,11 @@ trivial program: ``bwrap`` (bubblewrap), else ``namespaces`` (our own), else ``a
 program the same minimal root (:mod:`pytest_modelbench.sandbox.layout`) and fail a run
 rather than run it with less. Each execution gets a throw-away directory, a scrubbed
 environment (no API keys: only PATH, HOME, TMPDIR and locale), output captured to files
-(bounded by the file-size limit, so a chatty program cannot exhaust host memory), its own
-pids cgroup where the host allows, and a wall-clock timeout after which the whole process
-group, cgroup and PID namespace are killed. A semaphore bounds how many executions run at
+(bounded by the file-size limit, so a chatty program cannot exhaust host memory), at the
+full levels a size-limited tmpfs working directory and its own cgroup (process count and
+memory for the whole program) where the host allows, a seccomp filter where libseccomp is
+available, and a wall-clock timeout after which the whole process group, cgroup and PID
+namespace are killed. A semaphore bounds how many executions run at
 once.
 
 :meth:`Sandbox.run` judges a program by its exit code, which the program
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,17 +36,22 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from pytest_modelbench.sandbox import bwrap
-from pytest_modelbench.sandbox.cgroups import PidsCgroup
+from pytest_modelbench.sandbox.cgroups import ProgramCgroup, cgroup_base
 from pytest_modelbench.sandbox.judge import guard_asserts
 from pytest_modelbench.sandbox.layout import LayoutError, RootLayout, launcher_code, root_layout
-from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SETUP_FAILED
+from pytest_modelbench.sandbox.namespaces import (
+    INSIDE_WORKDIR,
+    SANDBOX_ID,
+    SETUP_FAILED,
+    SHM_BYTES,
+)
 from pytest_modelbench.sandbox.processes import (
     TOKEN_VAR,
     kill_group,
@@ -52,6 +60,7 @@ from pytest_modelbench.sandbox.processes import (
     tail,
     wait_unreaped,
 )
+from pytest_modelbench.sandbox.seccomp import program_filter
 
 Status = Literal["passed", "failed", "timeout", "crashed"]
 Level = Literal["bwrap", "namespaces", "audit-hook"]
@@ -63,6 +72,13 @@ ISOLATION_VAR = "MODELBENCH_SANDBOX_ISOLATION"
 PROBE_PROGRAM = "print('ok')\n"
 PROBE_LIMITS_WALL = 30.0
 PIPE_BYTES = 1 << 16  # the launcher's configuration must fit in a pipe (written before it runs)
+MACHINERY_RETRIES = 1  # a judged run the sandbox's machinery spoilt is run once more
+
+
+class SandboxFailure(RuntimeError):
+    """The sandbox's own machinery failed (its set-up, its launcher, the judge before it
+    reported): nothing is known about the program, so the run is an error for the caller to
+    retry or count, never a wrong answer."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,9 @@ class SandboxLimits:
     file_size_bytes: int = 16 << 20
     open_files: int = 256
     tail_chars: int = 2000
+    work_bytes: int = 64 << 20
+    """Size of the working directory at the full levels: a tmpfs in the sandbox's own mount
+    namespace, gone with it (what a program writes never reaches the host's disk)."""
 
     def for_launcher(self) -> dict[str, int]:
         return {
@@ -84,6 +103,7 @@ class SandboxLimits:
             "max_processes": self.max_processes,
             "file_size_bytes": self.file_size_bytes,
             "open_files": self.open_files,
+            "work_bytes": self.work_bytes,
         }
 
 
@@ -129,6 +149,9 @@ class ExecutionResult:
     ``audit-hook``), each namespace, ``uid``, ``private_proc``, ``proc_readonly``, ..."""
     tests: Mapping[str, int] = field(default_factory=dict)
     """Judged runs: ``total`` cases, how many ``passed``, the program ``calls`` they made."""
+    judge_tail: str = ""
+    """Judged runs: the tracebacks of the first failed asserts, as the judge wrote them for
+    the host (never to the program's stdout or stderr, which it may read back)."""
 
     @property
     def passed(self) -> bool:
@@ -148,6 +171,33 @@ def default_workers() -> int:
     if value.strip().isdigit() and int(value) > 0:
         return int(value)
     return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def machinery_failure(
+    reported: bool,
+    timed_out: bool,
+    verdicts: Sequence[Any],
+    verdict: Mapping[str, Any] | None,
+    stderr: str,
+) -> str | None:
+    """Why a judged run says nothing about the program, or None when it does.
+
+    Only the sandbox writes on the report socket: the isolation record once the program's
+    process is confined (before any of the program's code runs), then the judge's verdict.
+    No record: the set-up failed. A record and no well-formed verdict without a timeout: the
+    judge (PID 1 of the sandbox, which no process of the program's can signal) ended before
+    it reported. A verdict marked ``judge_error``: the judge could not run the tests."""
+    if not reported:
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        return "the sandbox was not set up: " + (lines[-1] if lines else "no output")[:300]
+    if timed_out:
+        return None
+    if verdict is None:
+        count = len(verdicts)
+        return f"the sandbox's judge ended before it reported ({count} verdicts)"
+    if verdict.get("judge_error"):
+        return f"the sandbox's judge could not run the tests: {verdict['failure']}"[:400]
+    return None
 
 
 def _read_report(data: bytes) -> tuple[dict[str, Any], dict[str, int] | None, list[Any]]:
@@ -216,6 +266,8 @@ def valid_verdict(verdicts: Sequence[Any], total: int) -> dict[str, Any] | None:
         return None
     failure = verdict.get("failure")
     if verdict["total"] != total or not (failure is None or isinstance(failure, str)):
+        return None
+    if not isinstance(verdict.get("output", ""), str):
         return None
     return verdict
 
@@ -318,9 +370,31 @@ class Sandbox:
         info: dict[str, Any] = {"isolation": level, "full": level in FULL_LEVELS}
         if level in FULL_LEVELS:
             info["python"] = self._layout().interpreter
+        info["limits"] = self.stated_limits(level)
         if self.unavailable:
             info["unavailable"] = dict(self.unavailable)
         return info
+
+    def stated_limits(self, level: Level) -> dict[str, Any]:
+        """The limits a run gets at ``level``, and what each one binds (the CPU time is each
+        suite's own, per program)."""
+        limits = self.limits
+        stated: dict[str, Any] = {
+            "memory_bytes": limits.memory_bytes,
+            "processes": limits.max_processes,
+            "file_size_bytes": limits.file_size_bytes,
+            "open_files": limits.open_files,
+            "wall_seconds": limits.wall_seconds,
+        }
+        stated["seccomp"] = self._seccomp() is not None
+        whole = level in FULL_LEVELS
+        for limit, controller in (("memory", "memory"), ("processes", "pids")):
+            whole_program = whole and cgroup_base(controller) is not None
+            stated[f"{limit}_scope"] = "whole program (cgroup)" if whole_program else "per process"
+        if whole:
+            stated["work_bytes"] = limits.work_bytes  # a tmpfs: the whole program's disk
+            stated["shm_bytes"] = SHM_BYTES
+        return stated
 
     def _choose(self) -> Level:
         for level in FULL_LEVELS:
@@ -376,8 +450,13 @@ class Sandbox:
         if not tests.cases:
             raise ValueError("HiddenTests need at least one case (a run without any would pass)")
         level = self.level
-        with self._slots:
-            return self._run(level, program, dict(files or {}), limits or self.limits, tests)
+        for _ in range(1 + MACHINERY_RETRIES):
+            with self._slots:
+                result = self._run(level, program, dict(files or {}), limits or self.limits, tests)
+            failure = result.isolation.get("machinery_failure")
+            if failure is None:
+                return result
+        raise SandboxFailure(f"{failure} (tried {1 + MACHINERY_RETRIES} times)")
 
     def run_many(self, programs: Sequence[str]) -> list[ExecutionResult]:
         """Run several programs concurrently (bounded by ``workers``), results in order."""
@@ -406,6 +485,7 @@ class Sandbox:
             "judged": judged,
             "host_ns": host_namespaces(),
             "hidden": [],
+            "seccomp": self._seccomp(),
         }
         if level in FULL_LEVELS:
             layout = self._layout()
@@ -415,17 +495,46 @@ class Sandbox:
                 config["root_dir"] = str(workdir.parent / "root")
         return config
 
+    @staticmethod
+    def _seccomp() -> dict[str, str] | None:
+        """The program's seccomp filters (with and without ``execve``) for the launcher, or
+        None where libseccomp is not available."""
+        spawn, no_spawn = program_filter(spawn=True), program_filter(spawn=False)
+        if spawn is None or no_spawn is None:
+            return None
+        return {"spawn": spawn.hex(), "no_spawn": no_spawn.hex()}
+
+    def _cgroup(self, level: Level, token: str, limits: SandboxLimits) -> ProgramCgroup | None:
+        """The run's own cgroup at the full levels where the host allows one: the launcher
+        joins it (``namespaces``), or the shell that starts bubblewrap does (``bwrap``, as
+        the sandbox user when we are root: it may write the cgroup's process list)."""
+        if level not in FULL_LEVELS:
+            return None
+        cgroup = ProgramCgroup.create(f"run-{token}", limits.max_processes, limits.memory_bytes)
+        if cgroup is not None and level == "bwrap" and os.geteuid() == 0:
+            for path in cgroup.procs_files:
+                with contextlib.suppress(OSError):
+                    os.chown(path, SANDBOX_ID, SANDBOX_ID)
+        return cgroup
+
     def _command(
-        self, level: Level, config_fd: int, workdir: Path
-    ) -> tuple[list[str], dict[str, Any]]:
-        """The launcher's command line (its configuration comes on ``config_fd``) and how to
-        start it, at ``level``."""
+        self, level: Level, config_fd: int, workdir: Path, limits: SandboxLimits
+    ) -> tuple[list[str], dict[str, Any], list[int]]:
+        """The launcher's command line (its configuration comes on ``config_fd``), how to
+        start it, at ``level``, and the descriptors it inherits besides (the working
+        directory's files, which bubblewrap copies into the sandbox's tmpfs)."""
         if level == "bwrap":
             found = bwrap.find_bwrap() or "bwrap"
+            files = bwrap.work_files(str(workdir))
             argv = bwrap.command(
-                found, self._layout(), str(workdir), config_fd, network=self.allow_network
+                found,
+                self._layout(),
+                files,
+                config_fd,
+                network=self.allow_network,
+                work_bytes=limits.work_bytes,
             )
-            return argv, {"cwd": "/", **bwrap.popen_options()}
+            return argv, {"cwd": "/", **bwrap.popen_options()}, [fd for fd, _ in files if fd >= 0]
         if level == "namespaces":  # site runs once the root is built (see launcher.main)
             argv = [self._layout().interpreter, "-I", "-S", "-B"]
         else:
@@ -436,7 +545,7 @@ class Sandbox:
             if level != "audit-hook":
                 raise
             boot = Path(__file__).with_name("boot.py")  # compiled on every run, but it runs
-        return [*argv, str(boot), str(config_fd)], {"cwd": str(workdir)}
+        return [*argv, str(boot), str(config_fd)], {"cwd": str(workdir)}, []
 
     def _launch(
         self,
@@ -445,13 +554,19 @@ class Sandbox:
         config: dict[str, Any],
         token: str,
         request: bytes | None,
-        wall: float,
+        limits: SandboxLimits,
     ) -> tuple[bool, bytes]:
         """Start the launcher, hand the judge its request, wait for the end or the wall clock,
         kill what is left; whether it timed out, and what the launcher reported."""
         ours, theirs = socket.socketpair()  # a socket: no other process can reopen it via /proc
         config_fd = _pipe_holding({**config, "report_fd": theirs.fileno()})
-        argv, options = self._command(level, config_fd, root / "work")
+        try:
+            argv, options, inherited = self._command(level, config_fd, root / "work", limits)
+            if level == "bwrap" and config.get("cgroup_procs"):
+                argv = bwrap.joining(config["cgroup_procs"], argv)
+        except BaseException:
+            os.close(config_fd)
+            raise
         with ours, open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
             start = time.monotonic()
             try:
@@ -462,18 +577,19 @@ class Sandbox:
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
-                        pass_fds=(theirs.fileno(), config_fd),
+                        pass_fds=(theirs.fileno(), config_fd, *inherited),
                         start_new_session=True,
                         **options,
                     )
             finally:
-                os.close(config_fd)
+                for fd in (config_fd, *inherited):
+                    os.close(fd)
             try:
                 if request is not None:
                     with contextlib.suppress(OSError):  # the launcher died: no verdict follows
-                        ours.settimeout(wall)
+                        ours.settimeout(limits.wall_seconds)
                         ours.sendall(request)
-                left = max(0.0, wall - (time.monotonic() - start))
+                left = max(0.0, limits.wall_seconds - (time.monotonic() - start))
                 timed_out = not wait_unreaped(process, left)
             finally:
                 kill_group(process.pid)  # the unreaped leader keeps the group id ours
@@ -489,45 +605,111 @@ class Sandbox:
         tests: HiddenTests | None,
     ) -> ExecutionResult:
         token = uuid.uuid4().hex
-        with tempfile.TemporaryDirectory(
-            prefix="modelbench-sandbox-", ignore_cleanup_errors=True
-        ) as tmp:
-            root = Path(tmp)
+        with _scratch() as root:
             workdir = _write_files(root / "work", {**files, "program.py": program})
             config = self._config(level, workdir, limits, judged=tests is not None)
             if level == "namespaces":
                 (root / "root").mkdir()
             if level in FULL_LEVELS and os.geteuid() == 0:
                 _give_to_sandbox_user(root, workdir)
-            cgroup = (
-                PidsCgroup.create(f"run-{token}", limits.max_processes)
-                if level == "namespaces"
-                else None
-            )
-            config["cgroup_procs"] = cgroup.procs_file if cgroup else None
+            cgroup = self._cgroup(level, token, limits)
+            config["cgroup_procs"] = cgroup.procs_files if cgroup else None
+            config["cgroup_controllers"] = list(cgroup.controllers) if cgroup else []
             request = None if tests is None else (json.dumps(tests.request()) + "\n").encode()
             start = time.monotonic()
+            oom_kills = 0
             try:
-                timed_out, data = self._launch(
-                    level, root, config, token, request, limits.wall_seconds
-                )
+                timed_out, data = self._launch(level, root, config, token, request, limits)
             finally:
                 if cgroup is not None:
+                    oom_kills = cgroup.oom_kills()
                     cgroup.destroy()
             duration = time.monotonic() - start
             isolation, exit_info, verdicts = _read_report(data)
+            reported = bool(isolation)  # sent once the program's process is confined
             isolation.setdefault("level", level)
-            if cgroup is None and not isolation.get("pidns"):
+            if oom_kills:
+                isolation["oom_kills"] = oom_kills
+            if not isolation.get("cgroup") and not isolation.get("pidns"):
                 sweep(token)
             stderr = tail(root / "stderr", limits.tail_chars)
             stdout = tail(root / "stdout", limits.tail_chars)
         if tests is None:
             status, reason, code = classify(timed_out, exit_info, stderr, limits)
+            if oom_kills and status != "passed":
+                status, reason = "crashed", _out_of_memory(limits, oom_kills)
             return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation)
         verdict = valid_verdict(verdicts, len(tests.cases))
         status, reason, code = classify_judged(timed_out, verdict, exit_info, limits)
+        if oom_kills and status != "passed":  # the judge too, maybe: the program's memory
+            status, reason = "crashed", _out_of_memory(limits, oom_kills)
+        else:
+            failure = machinery_failure(reported, timed_out, verdicts, verdict, stderr)
+            if failure is not None:
+                isolation["machinery_failure"] = failure
         counts = {k: verdict[k] for k in ("total", "passed", "calls")} if verdict else {}
-        return ExecutionResult(status, reason, code, stdout, stderr, duration, isolation, counts)
+        judged = str(verdict.get("output", ""))[-limits.tail_chars :] if verdict else ""
+        return ExecutionResult(
+            status, reason, code, stdout, stderr, duration, isolation, counts, judged
+        )
+
+
+def _out_of_memory(limits: SandboxLimits, kills: int) -> str:
+    return (
+        f"memory limit of {limits.memory_bytes} bytes for the whole program exceeded "
+        f"({kills} processes killed)"
+    )
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A fresh host folder for one execution, removed afterwards whatever the program left
+    in it (:func:`remove_tree`): a clean-up never fails because of the program."""
+    root = Path(tempfile.mkdtemp(prefix="modelbench-sandbox-"))
+    try:
+        yield root
+    finally:
+        remove_tree(root)
+
+
+def remove_tree(top: Path) -> None:
+    """Remove ``top`` and everything under it without recursion, whatever a program left:
+    any depth (each directory's entries are moved up to ``top``, so no path grows), folders
+    without permissions (made accessible first), symbolic links (never followed). Never
+    raises: what cannot be removed (another mount) is left."""
+    try:
+        shutil.rmtree(top)  # the usual case: quick
+        return
+    except (OSError, RecursionError):
+        pass
+    moved = 0
+    with contextlib.suppress(OSError):
+        os.chmod(top, 0o700)
+    while True:
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            break
+        progress = False
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)
+                    progress = True
+                    continue
+                os.chmod(entry.path, 0o700)
+                for name in os.listdir(entry.path):
+                    while os.path.lexists(top / f".rm{moved}"):
+                        moved += 1
+                    os.rename(os.path.join(entry.path, name), top / f".rm{moved}")
+                os.rmdir(entry.path)
+                progress = True
+            except OSError:
+                continue
+        if not entries or not progress:
+            break
+    with contextlib.suppress(OSError):
+        os.rmdir(top)
 
 
 def _write_files(workdir: Path, files: Mapping[str, str]) -> Path:
@@ -538,7 +720,9 @@ def _write_files(workdir: Path, files: Mapping[str, str]) -> Path:
         if workdir.resolve() not in target.parents:
             raise ValueError(f"sandbox file name {name!r} leaves the working directory")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        # a lone surrogate (a reply's broken text) as its escape: a string literal keeps it,
+        # anywhere else the program fails to compile, as it would have
+        target.write_text(text, encoding="utf-8", errors="backslashreplace")
     return workdir
 
 

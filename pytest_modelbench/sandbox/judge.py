@@ -26,6 +26,7 @@ import builtins
 import contextlib
 import importlib
 import linecache
+import os
 import sys
 import traceback
 import types
@@ -38,7 +39,8 @@ NOT_REBUILT = (StopIteration, StopAsyncIteration)  # would end the tests' loops 
 NAMESPACE = "__tests__"
 ASSERT_FAILED = "__modelbench_assert_failed__"  # records a failed assert (in the tests' namespace)
 ASSERT_ERROR = "__modelbench_assert_error__"
-MAX_PRINTED = 3  # tracebacks of failed asserts printed (the first names the reason)
+MAX_PRINTED = 3  # tracebacks of failed asserts kept for the host (the first names the reason)
+MAX_OUTPUT = 8000  # characters of those tracebacks in the verdict
 
 
 class Broken(BaseException):
@@ -155,6 +157,13 @@ class Program:
             self._fail(f"the program sent an unexpected reply: {reply!r:.80}")
         return reply
 
+    def hang_up(self) -> None:
+        """Close the program's input: its process sees the end and exits (idempotent)."""
+        if self.channel.write_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.channel.write_fd)
+            self.channel.write_fd = -1
+
     def _fail(self, reason: str) -> NoReturn:
         self.broken = self.broken or reason
         raise Broken(self.broken)
@@ -208,17 +217,30 @@ def _compile(source: str, filename: str) -> types.CodeType:
 
 
 class Failures:
-    """The failed asserts and cases of one run: how many, and the first one's last line."""
+    """The failed asserts and cases of one run: how many, and the first few errors, kept as
+    they are (formatted only once the program's process is gone: :meth:`describe`), so that
+    a failed assert costs the judge no more time than a passed one while the program runs."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.first: str | None = None
+        self.errors: list[BaseException] = []
 
     def record(self, error: BaseException) -> None:
         self.count += 1
-        line = _print_failure(error) if self.count <= MAX_PRINTED else ""
-        if self.first is None:
-            self.first = line
+        if len(self.errors) < MAX_PRINTED:
+            self.errors.append(error)
+
+    def describe(self) -> tuple[str | None, str]:
+        """The first failure's last line, and the tracebacks of the first few (the tests' own
+        frames only), for the host: never written anywhere the program can read."""
+        first: str | None = None
+        output = []
+        for error in self.errors:
+            lines = _format_failure(error)
+            output.append("".join(lines))
+            if first is None:
+                first = lines[-1].strip()
+        return first, "".join(output)[-MAX_OUTPUT:]
 
 
 def _parse(request: Any) -> tuple[str, list[str], list[str]]:
@@ -269,16 +291,13 @@ def _prepare(
     return namespace
 
 
-def _print_failure(error: BaseException) -> str:
-    """Print the tests' traceback (their own frames only); its last line."""
+def _format_failure(error: BaseException) -> list[str]:
+    """The tests' traceback (their own frames only), line by line."""
     summary = traceback.TracebackException.from_exception(error)
     summary.stack = traceback.StackSummary.from_list(
         [frame for frame in summary.stack if frame.filename.startswith("<")]
     )
-    lines = list(summary.format())
-    sys.stderr.write("".join(lines))
-    sys.stderr.flush()
-    return lines[-1].strip()
+    return list(summary.format())
 
 
 def run(request: Any, program: Program) -> dict[str, Any]:
@@ -306,7 +325,9 @@ def run(request: Any, program: Program) -> dict[str, Any]:
         first_failed = index if first_failed is None else first_failed
     except BaseException as error:  # the tests could not be compiled or prepared
         failures.record(error)
-    failure = program.broken or failures.first  # program.broken even if the tests swallowed it
+    program.hang_up()  # the program's process ends before anything below is worked out
+    first, output = failures.describe()
+    failure = program.broken or first  # program.broken even if the tests swallowed it
     if failure is not None and first_failed is not None and len(cases) > 1:
         failure += f" (test {first_failed + 1} of {len(cases)})"
     return {
@@ -315,4 +336,5 @@ def run(request: Any, program: Program) -> dict[str, Any]:
         "failure": failure,
         "calls": program.calls,
         "failed_asserts": failures.count,
+        "output": output,
     }

@@ -8,7 +8,7 @@ says what isolates the program:
 * ``bwrap``: bubblewrap has built the root and the namespaces; this process is PID 1
   in them, as the sandbox user, with no capabilities;
 * ``namespaces``: :func:`pytest_modelbench.sandbox.namespaces.enter` builds the same
-  root and namespaces (after joining the host-made pids cgroup);
+  root and namespaces (after joining the host-made cgroup);
 * ``audit-hook``: nothing but rlimits and the Python audit hook (not a security
   boundary; the code suites refuse it unless the user opts in).
 
@@ -20,8 +20,9 @@ its level. The program's process sets rlimits (CPU, address space, file size,
 open files, process count), drops every capability, installs a Python audit hook
 (no sockets, no writes outside the working directory, no ``ctypes``; no process
 spawning without a network namespace, no ``fork`` when nothing bounds the process
-count), reports the isolation (JSON lines on a socket the host passed in), closes
-every descriptor but stdio and runs the program.
+count), loads the host-built seccomp filter, reports the isolation (JSON lines on a
+socket the host passed in: the record means "confined"), closes every descriptor but stdio
+and runs the program.
 
 Plain runs report the program's exit. Judged runs (``config["judged"]``) turn
 PID 1 into :mod:`pytest_modelbench.sandbox.judge`: it forks the program's
@@ -32,6 +33,7 @@ non-dumpable; only the program's process is made dumpable again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -46,7 +48,10 @@ from pytest_modelbench.sandbox import candidate, judge, namespaces, wire
 from pytest_modelbench.sandbox.namespaces import SANDBOX_ID, SETUP_FAILED
 
 FULL_LEVELS = ("bwrap", "namespaces")
+CGROUP_VAR = "MODELBENCH_SANDBOX_CGROUP"  # set by the shell that starts bubblewrap (bwrap.JOIN)
 PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219, "loongarch64": 219}
 SYS_KEYCTL.update({"ppc64le": 271, "ppc64": 271, "s390x": 280})
@@ -92,6 +97,7 @@ CTYPES_EVENTS = {
 MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far lower)
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
+SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of a pid other than 0, -1, the parent: allowed
 
 
 def drop_capabilities() -> bool:
@@ -105,6 +111,22 @@ def drop_capabilities() -> bool:
         lib.prctl(namespaces.PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails harmlessly without caps
     namespaces.clear_capabilities(lib)
     return namespaces.effective_capabilities() == 0
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_filter(program: bytes) -> bool:
+    """Load a seccomp filter (BPF built on the host by
+    :func:`pytest_modelbench.sandbox.seccomp.program_filter`) into this process and its
+    future children; needs ``PR_SET_NO_NEW_PRIVS`` (set by :func:`drop_capabilities`)."""
+    if not sys.platform.startswith("linux") or not program or len(program) % 8:
+        return False
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    lib = namespaces.libc()
+    return bool(lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0)
 
 
 def set_dumpable(dumpable: bool) -> bool:
@@ -189,11 +211,12 @@ def _setrlimit(which: int, value: int, hard: int | None = None) -> None:
     resource.setrlimit(which, (min(value, hard), hard))
 
 
-def set_process_limits(limits: dict[str, int]) -> None:
-    """CPU time, address space, file size, open files, no core dumps."""
+def set_process_limits(limits: dict[str, int], *, cpu: bool = True) -> None:
+    """CPU time (unless not ``cpu``), address space, file size, open files, no core dumps."""
     import resource  # function-level: Unix only
 
-    _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
+    if cpu:
+        _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
     _setrlimit(resource.RLIMIT_AS, limits["memory_bytes"])
     _setrlimit(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
     _setrlimit(resource.RLIMIT_NOFILE, limits["open_files"])
@@ -205,7 +228,7 @@ def set_limits(limits: dict[str, int], iso: dict[str, Any]) -> str:
     import resource  # function-level: Unix only
 
     set_process_limits(limits)
-    if iso.get("cgroup"):
+    if "pids" in iso.get("cgroup", []):
         return "cgroup"
     uid = os.getuid()
     if uid == 0:
@@ -226,7 +249,13 @@ def _modifies(event: str, args: tuple[Any, ...]) -> list[Any]:
 
 
 def _denied_event(
-    event: str, args: tuple[Any, ...], network: bool, spawn: bool, fork: bool, own_proc: set[str]
+    event: str,
+    args: tuple[Any, ...],
+    network: bool,
+    spawn: bool,
+    fork: bool,
+    own_proc: set[str],
+    parent: int,
 ) -> str | None:
     """What ``event`` would do that the policy forbids (writes aside), or None."""
     if event in NETWORK_EVENTS and not network:
@@ -237,6 +266,8 @@ def _denied_event(
         return f"starting programs ({event})"
     if event in FORK_EVENTS and not fork:
         return f"creating processes ({event})"
+    if event in SIGNAL_EVENTS and (event != "os.kill" or not 0 < args[0] != parent):
+        return f"signalling processes other than its own ({event})"
     if event == "open" and isinstance(args[0], (str, bytes)):
         path = os.fsdecode(args[0])
         parts = path.split("/")
@@ -250,6 +281,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
     """An audit hook enforcing the Python-level policy (a second line behind the OS)."""
     allowed = (os.path.realpath(workdir), "/dev/null")
     own_proc = {"self", "thread-self", str(os.getpid())}
+    parent = os.getppid()  # the judge, in a judged run at the audit-hook level
 
     def inside(path: Any) -> bool:
         if isinstance(path, int) or path is None:
@@ -261,7 +293,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
         raise PermissionError(f"modelbench sandbox: {what} is not allowed")
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        denied = _denied_event(event, args, network, spawn, fork, own_proc)
+        denied = _denied_event(event, args, network, spawn, fork, own_proc, parent)
         if denied is not None:
             deny(denied)
         for path in _modifies(event, args):
@@ -269,6 +301,18 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
                 deny(f"writing outside the working directory ({os.fsdecode(path)})")
 
     return hook
+
+
+def _refusing_posixsubprocess(hook: Callable[..., None]) -> Callable[..., None]:
+    """``hook`` that also refuses importing ``_posixsubprocess``, whose ``fork_exec`` starts a
+    program without any audit event (where no seccomp filter refuses ``execve``)."""
+
+    def guarded(event: str, args: tuple[Any, ...]) -> None:
+        if event == "import" and args and args[0] == "_posixsubprocess":
+            raise PermissionError("modelbench sandbox: starting programs is not allowed")
+        hook(event, args)
+
+    return guarded
 
 
 def _report(fd: int, record: dict[str, Any]) -> None:
@@ -300,15 +344,18 @@ def confine(
         iso["nproc"] = nproc
         iso["caps_dropped"] = drop_capabilities()
         fork = nproc != "guard"
-        hook = make_guard(
-            config["workdir"],
-            network=config["network"],
-            spawn=fork and (bool(iso.get("netns")) or config["network"]),
-            fork=fork,
-        )
+        spawn = fork and (bool(iso.get("netns")) or config["network"])
+        filters = config.get("seccomp") or {}
+        bpf = filters.get("spawn" if spawn else "no_spawn")
+        iso["seccomp"] = isinstance(bpf, str) and load_filter(bytes.fromhex(bpf))
+        hook = make_guard(config["workdir"], network=config["network"], spawn=spawn, fork=fork)
+        if not spawn and not iso["seccomp"]:  # nothing refuses execve: no fork_exec either
+            hook = _refusing_posixsubprocess(hook)
+        set_dumpable(True)
+        # last: the host reads this record as "the program's process is confined", so a
+        # failure before it is the sandbox's, and anything after it the program's
         _report(config["report_fd"], {"isolation": iso})
         _close_descriptors(keep)
-        set_dumpable(True)
     except Exception as error:  # setup failed: the program must not run unconfined
         print(f"modelbench sandbox setup failed: {error!r}", file=sys.stderr)
         os._exit(SETUP_FAILED)
@@ -356,16 +403,34 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
         candidate.serve(wire.Channel(down_read, up_write), path)
     os.close(down_read)
     os.close(up_write)
+    silence()  # the program's stdout and stderr are its own: the judge writes none of it
     fd = config["report_fd"]
+    program = judge.Program(wire.Channel(up_read, down_write))
     try:
         request = wire.Channel(fd, fd).receive()  # only now: the program's memory never held it
-        set_process_limits(config["limits"])
-        verdict = judge.run(request, judge.Program(wire.Channel(up_read, down_write)))
+        # no CPU limit of its own: the program could spend it by what it sends, and a judge
+        # killed before it reports is the sandbox's failure; the host's wall clock bounds it
+        set_process_limits(config["limits"], cpu=False)
+        verdict = judge.run(request, program)
     except Exception as error:  # a malformed request, the judge's own failure: never a pass
         verdict = {"total": 0, "passed": 0, "failure": f"the judge failed: {error!r}", "calls": 0}
-    os.close(down_write)  # the program's process sees the end of its input and exits
+        verdict["judge_error"] = True
+    program.hang_up()  # the program's process sees the end of its input and exits
     _report(fd, {"verdict": verdict, "exit": _stop(child)})
     os._exit(0)
+
+
+def silence() -> None:
+    """Point this process's stdout and stderr at ``/dev/null``: what it would print (the
+    tests' tracebacks, a warning) goes to the host in the verdict, or nowhere, never into
+    the files the program shares (which it may reopen through ``/proc/self/fd``)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
 
 
 def init(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
@@ -405,11 +470,15 @@ def read_config(fd: int) -> dict[str, Any]:
 def main() -> None:
     """Entry point of the launcher process (run by :mod:`pytest_modelbench.sandbox.boot`)."""
     config = read_config(int(sys.argv[1]))
-    iso: dict[str, Any] = {"level": config["level"], "cgroup": False}
-    if config.get("cgroup_procs"):
+    iso: dict[str, Any] = {"level": config["level"], "cgroup": []}
+    joined = os.environ.pop(CGROUP_VAR, None)  # bwrap: the shell that started it joined
+    if joined == "1":
+        iso["cgroup"] = config.get("cgroup_controllers") or []
+    elif config.get("cgroup_procs") and config["level"] != "bwrap":
         try:
-            namespaces.write_file(config["cgroup_procs"], str(os.getpid()))
-            iso["cgroup"] = True
+            for procs in config["cgroup_procs"]:
+                namespaces.write_file(procs, str(os.getpid()))
+            iso["cgroup"] = config.get("cgroup_controllers") or []
         except OSError as error:
             iso["cgroup_error"] = str(error)
     try:

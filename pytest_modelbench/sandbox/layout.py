@@ -116,8 +116,25 @@ def _inside(path: str, roots: tuple[str, ...] | list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-@functools.lru_cache(maxsize=8)
 def launcher_code(python: str) -> str:
+    """:func:`_launcher_copy` for ``python``, made again when its folder is gone (a cleaner of
+    the temporary directory removed it mid-session): a run never fails for want of it."""
+    code = _launcher_copy(python)
+    if not _complete(code):
+        _launcher_copy.cache_clear()
+        _root_layout.cache_clear()
+        code = _launcher_copy(python)
+    return code
+
+
+def _complete(code: str) -> bool:
+    """Whether the launcher's copy in ``code`` is all there (one stat per module)."""
+    target = os.path.join(code, "pytest_modelbench", "sandbox")
+    return all(os.path.isfile(os.path.join(target, f"{name}.py")) for name in LAUNCHER_MODULES)
+
+
+@functools.lru_cache(maxsize=8)
+def _launcher_copy(python: str) -> str:
     """A world-readable copy of the launcher's modules with bytecode for ``python``; removed
     when this process exits. The sandbox user may not be able to read this package where it
     is installed, and ``-B`` (or ``PYTHONDONTWRITEBYTECODE``) would otherwise have every
@@ -282,9 +299,18 @@ def _outermost(paths: list[str]) -> tuple[str, ...]:
     return tuple(sorted(kept))
 
 
-@functools.lru_cache(maxsize=8)
 def root_layout(python: str) -> RootLayout:
-    """The layout for ``python`` (examined once per interpreter and process)."""
+    """The layout for ``python`` (examined once per interpreter and process; its launcher's
+    copy made again when removed)."""
+    layout = _root_layout(python)
+    if not _complete(layout.code):
+        _root_layout.cache_clear()
+        layout = _root_layout(python)
+    return layout
+
+
+@functools.lru_cache(maxsize=8)
+def _root_layout(python: str) -> RootLayout:
     if not sys.platform.startswith("linux"):
         raise LayoutError("a sandbox root needs Linux")
     found = _examine(python)

@@ -249,6 +249,27 @@ def _pivot(lib: Any, new: str) -> None:
     os.chdir("/")
 
 
+def _copy_work(source: str, target: str) -> None:
+    """The host's files for the program, copied into its tmpfs working directory (the host's
+    folder is never mounted: nothing the program writes reaches the host's disk)."""
+    for folder, dirs, names in os.walk(source):
+        relative = os.path.relpath(folder, source)
+        into = target if relative == "." else os.path.join(target, relative)
+        for name in dirs:
+            os.mkdir(os.path.join(into, name), 0o755)
+            os.chown(os.path.join(into, name), SANDBOX_ID, SANDBOX_ID)
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as handle:
+                data = handle.read()
+            path = os.path.join(into, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, data)
+                os.fchown(fd, SANDBOX_ID, SANDBOX_ID)
+            finally:
+                os.close(fd)
+
+
 def build_root(config: dict[str, Any]) -> dict[str, Any]:
     """Build the program's root from ``config["layout"]`` and pivot into it (in ``B``)."""
     lib = libc()
@@ -267,8 +288,10 @@ def build_root(config: dict[str, Any]) -> dict[str, Any]:
         mount(lib, "tmpfs", new + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0555")
     work = new + INSIDE_WORKDIR
     os.mkdir(work)
-    mount(lib, config["host_workdir"], work, None, MS_BIND)
-    mount(lib, None, work, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _kept_flags(work))
+    size = config["limits"]["work_bytes"]
+    options = f"mode=0755,size={size},uid={SANDBOX_ID},gid={SANDBOX_ID}"
+    mount(lib, "tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    _copy_work(config["host_workdir"], work)
     writable = [work, *_make_dev(lib, new + "/dev")]
     os.mkdir(new + "/proc")
     mount(lib, "proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)

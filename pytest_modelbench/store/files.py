@@ -59,7 +59,9 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, 0o666 & ~current_umask())  # as open() would: teammates can read reports
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        # a lone surrogate (text from a network) as its escape "\udXXX": in JSON text, where
+        # only a string can hold one, that reads back as the same text
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
             handle.write(redact(text))
             handle.flush()
             if durable:

@@ -36,17 +36,38 @@ HELD_BYTES = 4 << 20  # Journal.latest parses a journal this small once and hold
 # made once: json.dumps with options builds an encoder per call, once per example here
 _ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, default=str)
 _NEWLINE_BYTES = len(os.linesep.encode())  # text mode writes "\n" as the platform's line end
+# text from a network may hold lone surrogates, which utf-8 cannot encode: written as the JSON
+# escape "\udXXX" (only a JSON string can hold one, so the line reads back as the same text)
+TEXT_ERRORS = "backslashreplace"
+MAX_DEPTH = 100  # a value nested deeper is stored as a note (json's encoder recurses)
+TOO_DEEP = f"[a value nested more than {MAX_DEPTH} levels deep, not stored]"
 
 Row = dict[str, Any]
 Key = tuple[str, int]
 
 
 def _dumps(data: Any) -> str:
-    return _ENCODER.encode(data)
+    try:
+        return _ENCODER.encode(data)
+    except RecursionError:  # a reply's deeply nested JSON, say: stored down to MAX_DEPTH
+        return _ENCODER.encode(_shallow(data, MAX_DEPTH))
+
+
+def _shallow(value: Any, depth: int) -> Any:
+    """``value`` with containers nested deeper than ``depth`` replaced by :data:`TOO_DEEP`."""
+    if isinstance(value, (dict, list, tuple)):
+        if depth <= 0:
+            return TOO_DEEP
+        if isinstance(value, dict):
+            return {key: _shallow(item, depth - 1) for key, item in value.items()}
+        return [_shallow(item, depth - 1) for item in value]
+    return value
 
 
 def _line_bytes(line: str) -> int:
-    """Bytes that ``line`` and its newline take in the file (utf-8)."""
+    """Bytes that ``line`` and its newline take in the file (utf-8); ``UnicodeEncodeError``
+    for a line with a lone surrogate (the file holds its escape, which reads back otherwise
+    than the line: a high and a low one become one character)."""
     return (len(line) if line.isascii() else len(line.encode())) + _NEWLINE_BYTES
 
 
@@ -251,7 +272,11 @@ class Journal:
         per example, on the event loop)."""
         held = self._held
         assert held is not None
-        self._held_size += _line_bytes(line)
+        try:
+            self._held_size += _line_bytes(line)
+        except UnicodeEncodeError:  # a lone surrogate: read the file, as the reader does
+            self._forget()
+            return
         if self._held_size > HELD_BYTES:  # as large as Journal.latest streams: hold nothing
             self._forget()
             return
@@ -318,7 +343,7 @@ class Journal:
                 before = None
             if before is not None and before.st_nlink > 1:
                 unshare(self.path)
-            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._handle = open(self.path, "a", encoding="utf-8", errors=TEXT_ERRORS)  # noqa: SIM115 - closed in close()
         except StoreWriteError:
             raise
         except OSError as exc:

@@ -100,7 +100,7 @@ def test_mbpp_scoring_of_realistic_replies() -> None:
     assert suite.score(example, good).metrics["pass@1"] == 1.0
     failed = suite.score(example, bad)
     assert failed.metrics["pass@1"] == 0.0
-    assert failed.detail["status"] == "failed" and "AssertionError" in failed.detail["stderr_tail"]
+    assert failed.detail["status"] == "failed" and "AssertionError" in failed.detail["judge_tail"]
 
 
 def test_all_humaneval_references_pass(sandbox: Sandbox) -> None:

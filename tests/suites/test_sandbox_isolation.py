@@ -527,7 +527,9 @@ def test_code_suites_refuse_the_audit_hook_unless_accepted(
         score = suite.score(example, reply)
     assert score.metrics["pass@1"] == 1.0
     assert score.detail["isolation"]["level"] == "audit-hook"
-    assert suite.summary_fields()["sandbox"] == {"isolation": "audit-hook", "full": False}
+    weak_fields = suite.summary_fields()["sandbox"]
+    assert (weak_fields["isolation"], weak_fields["full"]) == ("audit-hook", False)
+    assert "work_bytes" not in weak_fields["limits"]  # no tmpfs at this level
 
 
 def test_the_level_is_in_each_row_and_the_summary(
@@ -541,3 +543,6 @@ def test_the_level_is_in_each_row_and_the_summary(
     assert score.detail["isolation"]["level"] == full.level
     fields = suite.summary_fields()["sandbox"]
     assert fields["isolation"] == full.level and fields["full"] is True
+    assert fields["limits"]["work_bytes"] == full.limits.work_bytes
+    assert fields["limits"]["memory_bytes"] == full.limits.memory_bytes
+    assert fields["limits"]["memory_scope"] in ("whole program (cgroup)", "per process")

@@ -12,10 +12,21 @@ from pytest_modelbench.store import files
 from pytest_modelbench.store.files import StoreWriteError, atomic_write_text, link_or_copy
 
 
-def test_text_it_cannot_encode_leaves_no_tmp(tmp_path: Path) -> None:
-    with pytest.raises(UnicodeEncodeError):
-        atomic_write_text(tmp_path / "summary.json", "a lone surrogate \udc80")
+def test_an_error_while_writing_leaves_no_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(text: str) -> str:
+        raise ValueError("cannot write this text")
+
+    monkeypatch.setattr(files, "redact", broken)
+    with pytest.raises(ValueError, match="cannot write this text"):
+        atomic_write_text(tmp_path / "summary.json", "{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lone_surrogate_is_written_as_its_escape(tmp_path: Path) -> None:
+    atomic_write_text(tmp_path / "summary.json", '{"text": "a lone surrogate \udc80"}')
+    assert (tmp_path / "summary.json").read_bytes() == b'{"text": "a lone surrogate \\udc80"}'
 
 
 def test_ctrl_c_mid_write_leaves_no_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

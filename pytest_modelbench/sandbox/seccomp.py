@@ -1,0 +1,87 @@
+"""The seccomp filter of the program's processes, built with libseccomp (through ``pyseccomp``).
+
+Defence in depth behind the namespaces: system calls no benchmark program needs, and whose
+kernel code has been the way out of sandboxes before, fail with ``EPERM`` (asynchronous I/O
+rings, user-mode page faults, BPF, performance counters, keyrings, tracing, mounts, new
+namespaces, kernel modules, another process's memory), as do sockets of the ``AF_VSOCK``
+(the hypervisor) and ``AF_PACKET`` (raw frames) families. Where no process may be started
+(the audit-hook level without a way to bound them), ``execve`` fails too, so that
+``_posixsubprocess.fork_exec``, which bypasses the audit hook, starts nothing.
+
+The host builds the filter once per process (here, with the library) and hands its BPF to
+the launcher, which loads it in the program's process as its last step, after
+``PR_SET_NO_NEW_PRIVS`` (:func:`pytest_modelbench.sandbox.launcher.load_filter`): the
+launcher itself stays standard library only. Without libseccomp the runs go on without the
+filter, and the summary's ``sandbox`` record says so.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import tempfile
+
+REFUSED = (
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "userfaultfd",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fanotify_init",
+    "swapon",
+    "swapoff",
+    "reboot",
+)
+SPAWNING = ("execve", "execveat")  # refused too where no process may be started
+AF_PACKET = 17
+AF_VSOCK = 40
+REFUSED_FAMILIES = (AF_PACKET, AF_VSOCK)
+
+
+@functools.cache
+def program_filter(spawn: bool) -> bytes | None:
+    """The filter's BPF (``struct sock_filter`` entries), or None where libseccomp is not
+    available; ``spawn`` False also refuses ``execve``."""
+    try:
+        import pyseccomp  # function-level: loads libseccomp, only where a sandbox runs
+    except (ImportError, RuntimeError, OSError):  # not installed, or no libseccomp.so
+        return None
+    refuse = pyseccomp.ERRNO(errno.EPERM)
+    built = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in REFUSED + (() if spawn else SPAWNING):
+        try:
+            built.add_rule(refuse, name)
+        except (OSError, ValueError, RuntimeError):  # not a system call on this kernel/arch
+            continue
+    for family in REFUSED_FAMILIES:
+        built.add_rule(refuse, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+    with tempfile.TemporaryFile() as handle:
+        built.export_bpf(handle)
+        handle.seek(0)
+        return handle.read()

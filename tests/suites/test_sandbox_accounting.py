@@ -1,0 +1,393 @@
+"""What a judged program can learn, what it is charged with, and what it can use.
+
+* The judge tells the program nothing: its output (the failed asserts, with the tests' source
+  and expected values) goes to the host in the verdict, never to the program's stdout or
+  stderr, which the program may reopen through ``/proc/self/fd`` while it runs.
+* Errors are charged to whoever caused them: whatever the program leaves behind (a very deep
+  directory chain, files it made unremovable) fails the program, never the host's clean-up;
+  a failure of the sandbox's own machinery (its launcher's folder removed, the judge dead
+  before it reports, a set-up that fails) is a :class:`SandboxFailure`, never a wrong answer.
+
+* Whole-program limits: the working directory is a size-limited tmpfs that leaves nothing on
+  the host, and memory is limited for all of the program's processes together.
+* A seccomp filter refuses system calls no program needs; at the audit-hook level nothing
+  starts a program (``_posixsubprocess.fork_exec`` included).
+
+Each hostile case runs at both full levels (``bwrap`` and ``namespaces``), as users get them,
+and at ``audit-hook`` where the case is one it should hold too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_modelbench.sandbox import (
+    FULL_LEVELS,
+    LEVELS,
+    Sandbox,
+    SandboxFailure,
+    SandboxLimits,
+    cgroups,
+    host,
+    policy,
+    processes,
+    seccomp,
+)
+from pytest_modelbench.sandbox.layout import root_layout
+from pytest_modelbench.suites import coding
+from pytest_modelbench.suites.coding import HumanEval
+from pytest_modelbench.suites.contract import Example
+from tests.suites.conftest import in_ci
+
+LIMITS = SandboxLimits(cpu_seconds=10, wall_seconds=20, memory_bytes=512 << 20)
+MakeSandbox = Callable[..., Sandbox]
+
+
+@pytest.fixture(params=FULL_LEVELS, scope="module")
+def full(request: pytest.FixtureRequest, make_sandbox: MakeSandbox) -> Sandbox:
+    return make_sandbox(request.param, LIMITS)
+
+
+@pytest.fixture(params=LEVELS)
+def any_level(request: pytest.FixtureRequest, make_sandbox: MakeSandbox) -> Sandbox:
+    return make_sandbox(request.param, LIMITS)
+
+
+def _he(index: int = 0) -> tuple[HumanEval, Example]:
+    suite = HumanEval()
+    return suite, suite.examples({}, 0)[index]
+
+
+# Reads every descriptor it holds and every path that leads to a stdout or stderr (its own,
+# PID 1's, its parent's) on each call; says LEAKED when any of it is the tests' text.
+REREAD = r"""
+import os
+
+def _look():
+    found = []
+    paths = [f"/proc/self/fd/{fd}" for fd in range(64)]
+    paths += ["/dev/stdout", "/dev/stderr", "/proc/1/fd/1", "/proc/1/fd/2"]
+    paths += [f"/proc/{os.getppid()}/fd/{fd}" for fd in (1, 2)]
+    for path in paths:
+        for how in (os.O_RDONLY, os.O_RDWR):
+            try:
+                fd = os.open(path, how | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                found.append(os.pread(fd, 1 << 20, 0))
+            except OSError:
+                try:
+                    found.append(os.read(fd, 1 << 20))
+                except OSError:
+                    pass
+            finally:
+                os.close(fd)
+    for fd in range(64):
+        try:
+            found.append(os.pread(fd, 1 << 20, 0))
+        except OSError:
+            pass
+    return b"".join(found)
+
+def has_close_elements(numbers, threshold):
+    data = _look()
+    for word in (b"candidate(", b"AssertionError", b"== True", b"== False"):
+        if word in data:
+            os.write(1, b"LEAKED " + word + b"\n")
+    return None
+"""
+
+
+def test_the_program_cannot_read_the_judges_output_while_it_runs(any_level: Sandbox) -> None:
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{REREAD}```")
+    result = any_level.run_tests(program, tests)
+    assert result.status == "failed" and result.tests["calls"] == 7, result
+    assert "LEAKED" not in result.stdout_tail, result.stdout_tail
+    assert "AssertionError" not in result.stderr_tail + result.stdout_tail
+    # the host still has the judge's account of what failed
+    assert "candidate(" in result.judge_tail and "AssertionError" in result.judge_tail
+
+
+# -- errors charged to whoever caused them --------------------------------------------------
+
+# a 10000-deep chain of folders (built through descriptors: no path is ever long), a file
+# at the bottom, and the top made inaccessible
+DEEP_TREE = r"""
+import os
+
+def _dig(depth):
+    fd = os.open(".", os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(os.open("leftover", os.O_WRONLY | os.O_CREAT, 0o000, dir_fd=fd))
+    os.close(fd)
+    os.chmod("d", 0)
+
+_dig(10000)
+"""
+RIGHT = """
+def has_close_elements(numbers, threshold):
+    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
+"""
+WRONG = "\ndef has_close_elements(numbers, threshold):\n    return False\n"
+
+
+@pytest.fixture
+def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The host's temporary directory for this test's runs (readable by the sandbox user)."""
+    folder = Path(tempfile.mkdtemp(prefix="mb-scratch-"))
+    folder.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("answer", ["right", "wrong"])
+def test_a_deep_unremovable_tree_is_the_programs_and_nothing_is_left(
+    any_level: Sandbox, scratch: Path, answer: str
+) -> None:
+    suite, example = _he(0)
+    code = DEEP_TREE + (RIGHT if answer == "right" else WRONG)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{code}```")
+    result = any_level.run_tests(program, tests)  # never raises: nothing here is the host's
+    assert result.status == ("passed" if answer == "right" else "failed"), result
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
+    assert left == []  # the host's clean-up removed all of it (the launcher's copy stays)
+
+
+def test_a_program_that_kills_its_judge_at_the_weak_level_fails(make_sandbox: MakeSandbox) -> None:
+    """At the audit-hook level the judge is the program's parent, not PID 1 of a namespace:
+    signalling it is refused, so a program cannot turn its failure into a machinery error."""
+    weak = make_sandbox("audit-hook", LIMITS)
+    suite, example = _he(0)
+    code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + WRONG
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{code}```")
+    result = weak.run_tests(program, tests)
+    assert result.status == "failed" and "signalling" in result.reason, result
+
+
+def test_a_launcher_folder_removed_mid_session_is_made_again(full: Sandbox) -> None:
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{RIGHT}```")
+    assert full.run_tests(program, tests).passed
+    shutil.rmtree(root_layout(full.python).code)  # a cleaner of /tmp, mid-session
+    assert full.run_tests(program, tests).passed
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(child) for child in children]
+        todo += [int(child) for child in children]
+    return found
+
+
+def test_a_judge_dead_before_it_reports_is_a_sandbox_failure(
+    full: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process under the launcher is killed mid-run (as an OOM killer or an operator
+    might): correct code gets no score of 0, the run raises, and it was tried twice."""
+    started: list[int] = []
+
+    def dying(process: subprocess.Popen[bytes], timeout: float) -> bool:
+        started.append(process.pid)
+        time.sleep(0.5)
+        for pid in _descendants(process.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return processes.wait_unreaped(process, timeout)
+
+    monkeypatch.setattr(host, "wait_unreaped", dying)
+    suite, example = _he(0)
+    slow = "import time\ntime.sleep(3)\n" + RIGHT
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{slow}```")
+    with pytest.raises(SandboxFailure, match="judge ended before it reported"):
+        full.run_tests(program, tests)
+    assert len(started) == 2
+
+
+def test_a_failed_set_up_is_a_sandbox_failure_and_an_error_row(
+    full: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configure = Sandbox._config
+
+    def broken(self: Sandbox, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        config = configure(self, *args, **kwargs)
+        config["hidden"] = [*config["hidden"], "/work"]  # "visible": the launcher refuses
+        return config
+
+    monkeypatch.setattr(Sandbox, "_config", broken)
+    monkeypatch.setattr(coding, "default_sandbox", lambda: full)
+    monkeypatch.setattr(policy, "_state", {"allowed": True, "warned": True})
+    suite, example = _he(0)
+    with pytest.raises(SandboxFailure, match=r"was not set up: .*hidden host paths: /work"):
+        suite.score(example, f"```python\n{RIGHT}```")
+
+
+# -- whole-program limits ------------------------------------------------------------------
+
+# writes 16 MiB files (the per-file limit) until the disk says no, up to 256 MiB, from four
+# processes at once: what one process cannot do alone
+DISK_FILL = r"""
+import os
+
+def _fill(tag):
+    written = 0
+    for n in range(4):
+        try:
+            with open(f"fill-{tag}-{n}", "wb") as handle:
+                for _ in range(16):
+                    handle.write(b"x" * (1 << 20))
+                    handle.flush()
+                    written += 1 << 20
+        except OSError:
+            break
+    return written
+
+children = []
+for tag in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if _fill(tag) >= 0 else 1)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+total = sum(os.path.getsize(name) for name in os.listdir(".") if name.startswith("fill-"))
+print("WROTE", total, flush=True)
+"""
+
+
+def test_a_disk_fill_stops_at_the_work_limit_and_leaves_nothing(
+    full: Sandbox, scratch: Path
+) -> None:
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{DISK_FILL + WRONG}```")
+    limits = SandboxLimits(cpu_seconds=10, wall_seconds=30, work_bytes=32 << 20)
+    result = full.run_tests(program, tests, limits=limits)
+    assert result.status == "failed", result
+    wrote = int(result.stdout_tail.split("WROTE ")[1].split()[0])
+    assert 16 << 20 <= wrote <= 32 << 20, wrote
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
+    assert left == []
+
+
+# four processes of 300 MiB each: every one within the per-process limit, together over it;
+# the answer is defined only when all four held their memory
+MEMORY_HOG = r"""
+import os, time
+
+def _hold():
+    block = bytearray(300 << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return block
+
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        _hold()
+        time.sleep(1)
+        os._exit(0)
+    children.append(pid)
+held = _hold()
+if all(os.waitpid(pid, 0)[1] == 0 for pid in children):
+    def has_close_elements(numbers, threshold):
+        return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])
+"""
+
+
+def test_memory_is_limited_for_the_whole_program(full: Sandbox, scratch: Path) -> None:
+    if cgroups.cgroup_base("memory") is None:
+        pytest.skip("this host gives us no memory cgroup (the limit is per process)")
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{MEMORY_HOG}```")
+    result = full.run_tests(program, tests)  # 512 MiB for the whole program
+    assert result.status == "crashed" and "for the whole program exceeded" in result.reason
+    assert result.isolation["cgroup"] == ["pids", "memory"]
+    assert full.describe()["limits"]["memory_scope"] == "whole program (cgroup)"
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("modelbench-sandbox-code")]
+    assert left == []
+
+
+# -- seccomp ---------------------------------------------------------------------------------
+
+SYSCALLS = r"""
+import socket
+print(*[line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp:")])
+for name in ("AF_VSOCK", "AF_PACKET"):
+    try:
+        socket.socket(getattr(socket, name), socket.SOCK_STREAM if name == "AF_VSOCK" else 3)
+        print(name, "opened")
+    except OSError as error:
+        print(name, "refused", error.errno)
+"""
+# what subprocess.Popen does after its audit event: a fork and an exec the audit hook never sees
+FORK_EXEC = r"""
+import _posixsubprocess, os
+r, w = os.pipe()
+pid = _posixsubprocess.fork_exec(
+    [b"/bin/sh", b"-c", b"echo FORKED"], [b"/bin/sh"], True, (w,), None, None,
+    -1, -1, -1, -1, -1, -1, r, w, False, False, -1, None, None, None, -1, None, False,
+)
+os.close(w)
+print("CHILD SAID", os.read(r, 200), flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def _needs_seccomp() -> None:
+    if seccomp.program_filter(spawn=True) is None:
+        if in_ci():
+            pytest.fail("CI runs with libseccomp (pyseccomp): the filter must be there")
+        pytest.skip("libseccomp is not available here: programs run without the filter")
+
+
+def test_refused_system_calls_fail_with_eperm(any_level: Sandbox) -> None:
+    _needs_seccomp()
+    result = any_level.run(SYSCALLS)
+    assert result.status == "passed", result.stderr_tail
+    lines = result.stdout_tail.splitlines()
+    assert lines[0] == "2"  # a seccomp filter holds
+    assert lines[1:] == ["AF_VSOCK refused 1", "AF_PACKET refused 1"]
+    assert result.isolation["seccomp"] is True
+    assert any_level.describe()["limits"]["seccomp"] is True
+
+
+def test_the_weak_level_fork_exec_starts_nothing(make_sandbox: MakeSandbox) -> None:
+    _needs_seccomp()
+    weak = make_sandbox("audit-hook", LIMITS)
+    result = weak.run(FORK_EXEC)
+    assert "FORKED" not in result.stdout_tail, result.stdout_tail
+    assert "CHILD SAID b'OSError:1:" in result.stdout_tail  # EPERM from execve
+
+
+def test_without_seccomp_the_weak_level_refuses_posixsubprocess(
+    make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Sandbox, "_seccomp", staticmethod(lambda: None))
+    weak = make_sandbox("audit-hook", LIMITS)
+    result = weak.run(FORK_EXEC)
+    assert result.status == "failed" and "starting programs is not allowed" in result.reason
+    assert "FORKED" not in result.stdout_tail and result.isolation["seccomp"] is False
