@@ -54,8 +54,10 @@ __all__ = [
     "claim",
     "default_lock_dir",
     "discover_gpus",
+    "free_gpu_count",
     "parse_gpu_list",
     "session_gpus",
+    "sharing_plan",
     "tensor_parallel_warning",
     "warn_if_tensor_parallel",
 ]
@@ -72,6 +74,11 @@ class GpuWarning(UserWarning):
 
 class NoFreeGpuError(ServingError):
     """GPUs exist, but not enough of them are free for one server."""
+
+    def __init__(self, message: str, taken: Sequence[str] = (), busy: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.taken = tuple(taken)  # claimed by modelbench processes: given back when they end
+        self.busy = tuple(busy)  # memory in use by another program
 
 
 class GpuDiscoveryError(ServingError):
@@ -583,7 +590,9 @@ def claim(
             lock.release()
         if time.monotonic() >= end:
             raise NoFreeGpuError(
-                _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib)
+                _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib),
+                taken,
+                busy,
             )
         time.sleep(min(2.0, max(0.05, end - time.monotonic())))
 
@@ -646,21 +655,54 @@ def auto_num_workers(
     """Workers for ``-n auto``: one per group of free, unclaimed GPUs; 1 when there are none."""
     if gpus_per_server < 1:
         return 1
+    free = free_gpu_count(
+        lock_dir, option=option, environ=environ, probe=probe, busy_mib=busy_mib, warn=True
+    )
+    return max(1, free // gpus_per_server)
+
+
+def free_gpu_count(
+    lock_dir: Path | None = None,
+    *,
+    option: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    probe: GpuProvider | None = None,
+    busy_mib: int | None = None,
+    warn: bool = False,
+) -> int:
+    """How many candidate GPUs are neither busy nor claimed by a modelbench process now."""
     lock_dir = default_lock_dir(environ) if lock_dir is None else Path(lock_dir)
     busy_mib = busy_threshold(environ) if busy_mib is None else busy_mib
     inventory = discover_gpus(option, environ=environ, probe=probe)
     free = 0
     for gpu in inventory.gpus:
         if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
-            _warn_busy(gpu, busy_mib)
+            if warn:
+                _warn_busy(gpu, busy_mib)
             continue
-        if lock_dir.is_dir():
-            lock = _try_lock(lock_dir, gpu.id)
-            if lock is None:
-                continue
-            lock.release()
+        if lock_dir.is_dir() and held(_lock_path(lock_dir, gpu.id)):
+            continue
         free += 1
-    return max(1, free // gpus_per_server)
+    return free
+
+
+def sharing_plan(workers: int, free_gpus: int, gpus_per_server: int = 1) -> str | None:
+    """One line for a session with more local workers than free GPU groups, saying what the
+    workers without GPUs do; None when every worker can start its own server."""
+    servers = free_gpus // max(1, gpus_per_server)
+    if workers <= servers or free_gpus == 0:
+        return None  # no GPU at all: every worker serves on the CPU (or uses endpoints)
+    extra = workers - servers
+    per = f" ({gpus_per_server} per server)" if gpus_per_server > 1 else ""
+    return (
+        f"{workers} workers, {_count(free_gpus, 'free GPU')}{per}: "
+        f"{_count(extra, 'worker')} will share servers of their model with the others on "
+        "this node, or wait for a GPU to come free (up to the model's serve.startup_timeout)"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def tensor_parallel_warning(gpus_per_server: int, model: str | None = None) -> str | None:

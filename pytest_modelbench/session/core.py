@@ -12,6 +12,7 @@ import os
 import signal
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -259,8 +260,33 @@ class ModelbenchSession:
                 self.config.issue_config_time_warning(PlanWarning(note), stacklevel=2)
             if not self.config.option.collectonly and not is_worker(self.config):
                 self._check_run_dir()
+                self._note_gpu_sharing()
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+    def _note_gpu_sharing(self) -> None:
+        """A header line when local xdist workers outnumber the free GPU groups of this node:
+        what the workers without a GPU will do (share servers, or wait for a GPU)."""
+        specs = [str(spec) for spec in self.config.getvalue("tx") or []]
+        workers = len(specs)
+        if workers < 2 or not all(spec.startswith("popen") for spec in specs):
+            return  # no workers, or workers on other nodes (their GPUs are theirs)
+        served = [i for i in self.plan.items if not (i.model.api_base_url or i.model.solutions)]
+        if not served:
+            return
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.serving.gpus import GpuWarning, free_gpu_count, sharing_plan
+
+        per_server = max(i.model.serve.gpus if i.model.serve else 1 for i in served)
+        with warnings.catch_warnings():  # discovery's own warnings come from the workers' claims
+            warnings.simplefilter("ignore", GpuWarning)
+            try:
+                free = free_gpu_count(option=self.options.gpus)
+            except Exception:  # the workers' claims report what discovery cannot read
+                return
+        line = sharing_plan(workers, free, max(1, per_server))
+        if line is not None:
+            self.notes.append(line)
 
     def pytest_report_header(self) -> list[str]:
         return [f"modelbench: {note}" for note in self.notes]
