@@ -35,6 +35,13 @@ from typing import Protocol
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.serving.base import ServingError
 from pytest_modelbench.serving.handover import held, lock_exclusive
+from pytest_modelbench.serving.holders import (
+    GpuProcess,
+    describe_holders,
+    leftover_note,
+    nvml_processes,
+    nvml_utilisation,
+)
 
 __all__ = [
     "BUSY_ENV",
@@ -48,6 +55,7 @@ __all__ = [
     "GpuProvider",
     "GpuSpecError",
     "GpuWarning",
+    "LockNote",
     "NoFreeGpuError",
     "NvidiaSmiProvider",
     "auto_num_workers",
@@ -55,6 +63,7 @@ __all__ = [
     "default_lock_dir",
     "discover_gpus",
     "free_gpu_count",
+    "lock_notes",
     "parse_gpu_list",
     "session_gpus",
     "sharing_plan",
@@ -92,6 +101,28 @@ class Gpu:
     id: str
     memory_used_mib: int | None = None  # None: unknown (treated as free)
     uuid: str | None = None
+    memory_total_mib: int | None = None
+    utilisation: int | None = None  # percent: the highest over utilisation_window_s (NVML)
+    utilisation_window_s: float | None = None  # the span of NVML's samples (None: one reading)
+    processes: tuple[GpuProcess, ...] = ()  # who holds memory on it (NVML's process list)
+
+    def busy_text(self) -> str:
+        """``21.2 GiB held by pid 4711 (user alice, `python train.py`), 97% utilised``, or
+        the memory alone where the source lists no processes (nvidia-smi, fakes)."""
+        if self.memory_used_mib is None:
+            return "memory in use unknown"
+        if not self.processes and self.utilisation is None:
+            return f"{self.memory_used_mib} MiB in use by another process"
+        text = describe_holders(self.memory_used_mib, self.processes)
+        if self.utilisation is not None:
+            text += f", {self.utilisation}% utilised"
+        return text
+
+    def leftover(self) -> str | None:
+        """A note when the memory it holds looks left over (0% utilised for a while)."""
+        return leftover_note(
+            self.memory_used_mib, self.utilisation, self.utilisation_window_s, self.processes
+        )
 
     def matches(self, other_id: str) -> bool:
         return other_id in (self.id, self.uuid)
@@ -251,14 +282,27 @@ class NvmlProvider:
             gpus = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                used: int | None = pynvml.nvmlDeviceGetMemoryInfo(handle).used // 2**20
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                used: int | None = memory.used // 2**20
+                total = getattr(memory, "total", None)
                 try:
                     if pynvml.nvmlDeviceGetMigMode(handle)[0]:
                         used = None
                 except pynvml.NVMLError:  # not a MIG-capable GPU
                     pass
                 uuid = pynvml.nvmlDeviceGetUUID(handle)
-                gpus.append(Gpu(str(i), used, uuid if isinstance(uuid, str) else uuid.decode()))
+                utilisation, window_s = nvml_utilisation(pynvml, handle)
+                gpus.append(
+                    Gpu(
+                        str(i),
+                        used,
+                        uuid if isinstance(uuid, str) else uuid.decode(),
+                        memory_total_mib=total // 2**20 if isinstance(total, int) else None,
+                        utilisation=utilisation,
+                        utilisation_window_s=window_s,
+                        processes=nvml_processes(pynvml, handle),
+                    )
+                )
             return gpus
         except pynvml.NVMLError as exc:
             raise GpuDiscoveryError(
@@ -404,10 +448,11 @@ def _warn_busy(gpu: Gpu, busy_mib: int) -> None:
             stacklevel=3,
         )
         return
+    leftover = gpu.leftover()
     warnings.warn(
         GpuWarning(
-            f"GPU {gpu.id} is busy: {gpu.memory_used_mib} MiB in use by another process "
-            f"(threshold {busy_mib} MiB, {BUSY_ENV}); skipped. Free it, or choose GPUs with --gpus"
+            f"GPU {gpu.id} is busy: {gpu.busy_text()} (threshold {busy_mib} MiB, {BUSY_ENV}); "
+            f"skipped. {leftover + '. ' if leftover else ''}Free it, or choose GPUs with --gpus"
         ),
         stacklevel=3,
     )
@@ -568,7 +613,7 @@ def claim(
         _ensure_lock_dir(lock_dir)
         held: list[tuple[Gpu, _GpuLock]] = []
         taken: list[str] = []
-        busy: list[str] = []
+        busy: list[Gpu] = []
         for gpu in inventory.gpus:
             lock = _try_lock(lock_dir, gpu.id)
             if lock is None:
@@ -576,7 +621,7 @@ def claim(
                 continue
             if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
                 lock.release()
-                busy.append(gpu.id)
+                busy.append(gpu)
                 if warn_busy and gpu.id not in warned:
                     warned.add(gpu.id)
                     _warn_busy(gpu, busy_mib)
@@ -592,7 +637,7 @@ def claim(
             raise NoFreeGpuError(
                 _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib),
                 taken,
-                busy,
+                [g.id for g in busy],
             )
         time.sleep(min(2.0, max(0.05, end - time.monotonic())))
 
@@ -620,11 +665,42 @@ def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:
     return tuple(found)
 
 
+@dataclass(frozen=True)
+class LockNote:
+    """What a GPU's claim file says: who claimed it last, and whether that claim still holds."""
+
+    gpu: str
+    fields: Mapping[str, str]
+    held: bool
+
+    def describe(self) -> str:
+        who = " ".join(f"{k}={v}" for k, v in self.fields.items() if k in ("pid", "host", "since"))
+        return f"claimed by {who}" if self.held else "-"
+
+
+def lock_notes(lock_dir: Path | None = None) -> dict[str, LockNote]:
+    """Every GPU claim file in ``lock_dir`` by GPU id: modelbench's own claims on this node."""
+    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    notes: dict[str, LockNote] = {}
+    try:
+        paths = sorted(lock_dir.glob("gpu-*.lock"))
+    except OSError:
+        return notes
+    for path in paths:
+        try:
+            fields = dict(part.split("=", 1) for part in path.read_text().split() if "=" in part)
+        except OSError:
+            continue
+        gpu = fields.get("gpu") or path.stem.removeprefix("gpu-")
+        notes[gpu] = LockNote(gpu, fields, held(path))
+    return notes
+
+
 def _no_free_message(
     n: int,
     inventory: GpuInventory,
     taken: list[str],
-    busy: list[str],
+    busy: list[Gpu],
     lock_dir: Path,
     busy_mib: int,
 ) -> str:
@@ -638,7 +714,8 @@ def _no_free_message(
             f"claimed by other modelbench workers/sessions: {holders} (locks in {lock_dir})"
         )
     if busy:
-        parts.append(f"busy (> {busy_mib} MiB in use): {','.join(busy)}")
+        parts.append(f"busy (> {busy_mib} MiB in use): {','.join(g.id for g in busy)}")
+        parts.extend(f"GPU {g.id}: {g.busy_text()}" for g in busy if g.processes)
     parts.append("use fewer xdist workers (-n), free GPUs, or pick them with --gpus")
     return "; ".join(parts)
 
