@@ -4,13 +4,17 @@ want of a GPU while the session can still run it."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.resume.conftest import kill_group, start_pytest
+from tests.serving.conftest import pid_alive
 from tests.serving.fakevllm import install, models, starts
 
 
@@ -86,3 +90,38 @@ def test_owner_stops_its_server_only_after_the_sharers_let_go(tmp_path: Path) ->
     closer.join(5)
     assert closed.is_set()
     assert not list(tmp_path.glob("session-*"))  # nothing left behind
+
+
+def test_ctrl_c_while_a_worker_shares_a_server(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it): the owner of a shared
+    server does not wait for the items sharing it; no engine is left behind."""
+    log = install(pytester.path, monkeypatch, seeds=(0, 1))
+    (pytester.path / "qa.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "question": f"q{i}", "answer": "a"}) + "\n" for i in range(400)
+        )
+    )
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.2")
+    models(pytester.path, gpus=1, names=("m1",))
+    out = pytester.path / "pytest.log"
+    proc = start_pytest(
+        pytester.path, "benchmarks/", "--model", "m1", "-n", "2", "--mb-dist", "off", log=out
+    )
+    requests = pytester.path / "requests.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (requests.exists() and requests.read_text().count("\n") >= 12):
+            assert proc.poll() is None, out.read_text(errors="replace")
+            assert time.monotonic() < deadline, "the items never ran"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        kill_group(proc)
+    output = out.read_text(errors="replace")
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert len(starts(log)) == 1, output  # one GPU, one server: the other worker shared it
+    assert [s["pid"] for s in starts(log) if pid_alive(s["pid"])] == [], output
