@@ -408,8 +408,8 @@ def _within(gpu: Gpu, allowed: Sequence[Gpu]) -> bool:
 
 def _with_usage(gpu: Gpu, probed: Sequence[Gpu]) -> Gpu:
     for known in probed:
-        if known.matches(gpu.id):
-            return replace(gpu, memory_used_mib=known.memory_used_mib, uuid=known.uuid)
+        if known.matches(gpu.id):  # its memory, holders and utilisation, under the id as named
+            return replace(known, id=gpu.id)
     return gpu
 
 

@@ -19,6 +19,7 @@ from pytest_modelbench.cli import main
 from pytest_modelbench.serving.gpus import GpuWarning, NoFreeGpuError, claim
 
 GIB = 2**30
+CODE = "print('ready', flush=True); import time; time.sleep(120)"
 
 
 def fake_nvml(devices: list[dict[str, object]]) -> types.ModuleType:
@@ -67,7 +68,8 @@ def fake_nvml(devices: list[dict[str, object]]) -> types.ModuleType:
 @pytest.fixture
 def holder() -> Iterator[subprocess.Popen[bytes]]:
     """Another user's training job, as far as modelbench can tell: a process it must not stop."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "train.py"])
+    proc = subprocess.Popen([sys.executable, "-c", CODE, "train.py"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # running it now
     yield proc
     proc.kill()
     proc.wait()
@@ -95,7 +97,7 @@ def test_a_busy_gpu_names_its_holder(
     message = str(caught[0].message)
     assert (
         f"GPU 0 is busy: 21.2 GiB held by pid {holder.pid} (user {user}, "
-        f"`{Path(sys.executable).name} -c import time; time.sleep(120) train.py`), 97% utilised"
+        f"`{Path(sys.executable).name} -c {CODE} train.py`), 97% utilised"
     ) in message
     assert "leftover" not in message  # it computes
     assert holder.poll() is None  # never stopped
@@ -175,3 +177,17 @@ def test_gpus_command_bad_list_is_one_line(capsys: pytest.CaptureFixture[str]) -
     assert main(["gpus", "--gpus", "0,,x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("modelbench gpus: error: --gpus")
+
+
+def test_a_gpu_named_with_gpus_is_reported_with_its_holder(
+    gpu_env: pytest.MonkeyPatch, tmp_path: Path, holder: subprocess.Popen[bytes]
+) -> None:
+    nvml = fake_nvml([busy(holder.pid, 21.2, [(0.0, 97)])])
+    gpu_env.setitem(sys.modules, "pynvml", nvml)
+    with (
+        pytest.warns(
+            GpuWarning, match=rf"GPU GPU-00000000 is busy: 21.2 GiB held by pid {holder.pid}"
+        ),
+        pytest.raises(NoFreeGpuError),
+    ):
+        claim(1, tmp_path, option="GPU-00000000")  # named by UUID (--gpus)
