@@ -312,6 +312,14 @@ class Published:
         os.replace(tmp, self.path)
         self._open = True
 
+    def in_use(self) -> bool:
+        """Whether an item of another worker sends to this server now."""
+        fd = _lock(self.lock, create=False)
+        if fd is None:
+            return self.lock.exists()
+        _unlock(fd)
+        return False
+
     def close(self, *, wait: bool = True, poll_s: float = OFFER_POLL_S) -> None:
         """Withdraw the server (no new sharer finds it); with ``wait``, until every worker
         sending to it has let go (its item ended, or its process died)."""

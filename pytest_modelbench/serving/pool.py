@@ -239,6 +239,7 @@ class ServerPool:
     def _start(self, item: PlannedItem, served: str) -> Any:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.checkpoints import CheckpointWarning, servable_checkpoint
+        from pytest_modelbench.serving.gpus import NoFreeGpuError
         from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
         from pytest_modelbench.serving.smollm2 import (
             SMOLLM2_SERVE_ARGS,
@@ -266,8 +267,6 @@ class ServerPool:
             model_path, note = servable_checkpoint(model_path, shadow_root)
             if note:
                 warnings.warn(CheckpointWarning(note), stacklevel=2)
-        from pytest_modelbench.serving.gpus import NoFreeGpuError
-
         timeout_s = serve.startup_timeout if serve is not None else 900.0
         launch = _Launch(item.model_name, str(model_path), served, args, max(1, n_gpus), timeout_s)
         try:
@@ -381,8 +380,17 @@ class ServerPool:
     def _unpublish(self, *, wait: bool) -> None:
         """Withdraw this worker's server; with ``wait``, after the items sharing it end."""
         published, self._published = self._published, None
-        if published is not None:
-            published.close(wait=wait)
+        if published is None:
+            return
+        if wait and published.in_use() and self._launch is not None:
+            warnings.warn(
+                SharedServerWarning(
+                    f"{self._launch.model_name}: items of other workers share this worker's "
+                    "server; it stops once they end"
+                ),
+                stacklevel=4,
+            )
+        published.close(wait=wait)
 
     def item_done(self) -> None:
         """After an item: say what happened to replicas; let go of a shared server (its owner

@@ -75,8 +75,10 @@ def test_owner_stops_its_server_only_after_the_sharers_let_go(tmp_path: Path) ->
 
     published = Published("s1", "gw0", "key", "http://127.0.0.1:1", os.getpid(), tmp_path)
     assert share("s1", "other-key", tmp_path) is None  # another launch: not shared
+    assert not published.in_use()
     first, second = share("s1", "key", tmp_path), share("s1", "key", tmp_path)
     assert first is not None and second is not None  # any number of sharers at once
+    assert published.in_use()
     assert first.base_url == "http://127.0.0.1:1" and first.worker == "gw0"
     closed = threading.Event()
     closer = threading.Thread(target=lambda: (published.close(), closed.set()))
