@@ -269,7 +269,7 @@ class ModelbenchSession:
     def _note_gpu_sharing(self) -> None:
         """A header line when local xdist workers outnumber the free GPU groups of this node:
         what the workers without a GPU will do (share servers, or wait for a GPU)."""
-        specs = [str(spec) for spec in self.config.getvalue("tx") or []]
+        specs = [str(spec) for spec in self.config.getoption("tx", default=None) or []]
         workers = len(specs)
         if workers < 2 or not all(spec.startswith("popen") for spec in specs):
             return  # no workers, or workers on other nodes (their GPUs are theirs)

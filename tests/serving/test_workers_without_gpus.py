@@ -127,3 +127,15 @@ def test_ctrl_c_while_a_worker_shares_a_server(
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
     assert len(starts(log)) == 1, output  # one GPU, one server: the other worker shared it
     assert [s["pid"] for s in starts(log) if pid_alive(s["pid"])] == [], output
+
+
+def test_a_served_run_without_xdist(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header's worker count reads xdist's options only where xdist is loaded."""
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    models(pytester.path, gpus=1, names=("m1",))
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "--seeds", "0", "-p", "no:xdist", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=1)
