@@ -328,16 +328,18 @@ class Published:
         self._open = False
         with contextlib.suppress(OSError):
             self.path.unlink()
-        while wait:
-            fd = _lock(self.lock, create=False)
-            if fd is not None or not self.lock.exists():
-                if fd is not None:
-                    _unlock(fd)
-                break
-            time.sleep(poll_s)
-        with contextlib.suppress(OSError):
-            self.lock.unlink()
-        _tidy(self.directory)
+        try:
+            while wait:
+                fd = _lock(self.lock, create=False)
+                if fd is not None or not self.lock.exists():
+                    if fd is not None:
+                        _unlock(fd)
+                    break
+                time.sleep(poll_s)
+        finally:  # Ctrl-C while waiting leaves nothing behind either
+            with contextlib.suppress(OSError):
+                self.lock.unlink()
+            _tidy(self.directory)
 
 
 class Shared:
