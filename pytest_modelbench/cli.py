@@ -6,6 +6,7 @@
     modelbench export RUN --format csv    one normalised row per example (parquet or csv)
     modelbench runs                       run directories with their status
     modelbench models --api-base-url URL  the models an OpenAI-compatible endpoint serves
+    modelbench gpus                       this node's GPUs: memory, utilisation, holders, claims
 
 RUN is a run directory, a run id under ``--run-dir`` (default ``runs``), or
 ``latest``. Bad input prints one line and exits with status 2.
@@ -122,10 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="environment variable holding the API key (default OPENAI_API_KEY)",
     )
     models.add_argument("--timeout", type=float, default=10.0, metavar="SEC")
+    _gpus_parser(sub)
     return parser
 
 
 # --------------------------------------------------------------------------- commands
+
+
+def _gpus_parser(sub: Any) -> None:
+    gpus = sub.add_parser(
+        "gpus", help="this node's GPUs: memory, utilisation, who holds them, modelbench's claims"
+    )
+    gpus.add_argument(
+        "--gpus",
+        default=None,
+        metavar="LIST",
+        help="only these GPUs (as pytest's --gpus takes them: 0,1 or GPU-<uuid>)",
+    )
 
 
 def _run(name: str, runs_dir: Path) -> Path:
@@ -365,6 +379,51 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpus(args: argparse.Namespace) -> int:
+    """One row per GPU; then a line for each whose memory looks left over. Reads only: it
+    never stops a process."""
+    # lazily: GPU discovery loads only for this command
+    import warnings
+
+    from pytest_modelbench.serving.base import ServingError
+    from pytest_modelbench.serving.gpus import GpuSpecError, discover_gpus, lock_notes
+    from pytest_modelbench.serving.holders import gib
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            inventory = discover_gpus(args.gpus)
+    except GpuSpecError as exc:
+        raise CliError(str(exc)) from None
+    except ServingError as exc:
+        raise CliError(str(exc)) from None
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    if not inventory.gpus:
+        print(f"no GPUs (from {inventory.source})")
+        return 0
+    notes = lock_notes()
+    rows = [("GPU", "memory used / total", "util", "held by", "modelbench")]
+    leftovers: list[str] = []
+    for gpu in inventory.gpus:
+        used = gib(gpu.memory_used_mib) if gpu.memory_used_mib is not None else "?"
+        total = gib(gpu.memory_total_mib) if gpu.memory_total_mib is not None else "?"
+        util = f"{gpu.utilisation}%" if gpu.utilisation is not None else "?"
+        holders = "; ".join(p.describe(memory=True) for p in gpu.processes) or "-"
+        note = notes.get(gpu.id) or (notes.get(gpu.uuid) if gpu.uuid else None)
+        rows.append((gpu.id, f"{used} / {total}", util, holders, note.describe() if note else "-"))
+        leftover = gpu.leftover()
+        if leftover:
+            leftovers.append(f"GPU {gpu.id}: {leftover}")
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]))
+    print(f"(from {inventory.source})")
+    for line in leftovers:
+        print(line)
+    return 0
+
+
 COMMANDS = {
     "report": cmd_report,
     "compare": cmd_compare,
@@ -372,6 +431,7 @@ COMMANDS = {
     "export": cmd_export,
     "runs": cmd_runs,
     "models": cmd_models,
+    "gpus": cmd_gpus,
 }
 
 

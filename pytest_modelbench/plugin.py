@@ -251,9 +251,12 @@ def mb_eval(request: pytest.FixtureRequest, mb_item: Any) -> Iterator[EvalResult
     yield result
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per free GPU group when this session serves models itself.
+
+    ``tryfirst``: xdist's own implementation answers with the CPU count, and pluggy asks the
+    last registered first, which depends on the order the environment loaded the plugins.
 
     xdist asks in ``pytest_cmdline_main``, before ``pytest_configure``: the options are
     parsed and the session started here then (``pytest_configure`` finds it started)."""

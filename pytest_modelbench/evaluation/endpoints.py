@@ -143,9 +143,10 @@ class EndpointManager:
         return found
 
     def item_done(self) -> None:
-        """After an item: say what happened to replicas while it ran (in its test)."""
+        """After an item: say what happened to replicas while it ran (in its test), and let go
+        of another worker's server it shared."""
         if self.serving is not None:
-            self.serving.report_replicas()
+            self.serving.item_done()
 
     def recover(self, item: PlannedItem) -> bool:
         """After a failed item: True when its server had died and was restarted (retry it)."""

@@ -35,6 +35,13 @@ from typing import Protocol
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.serving.base import ServingError
 from pytest_modelbench.serving.handover import held, lock_exclusive
+from pytest_modelbench.serving.holders import (
+    GpuProcess,
+    describe_holders,
+    leftover_note,
+    nvml_processes,
+    nvml_utilisation,
+)
 
 __all__ = [
     "BUSY_ENV",
@@ -48,14 +55,18 @@ __all__ = [
     "GpuProvider",
     "GpuSpecError",
     "GpuWarning",
+    "LockNote",
     "NoFreeGpuError",
     "NvidiaSmiProvider",
     "auto_num_workers",
     "claim",
     "default_lock_dir",
     "discover_gpus",
+    "free_gpu_count",
+    "lock_notes",
     "parse_gpu_list",
     "session_gpus",
+    "sharing_plan",
     "tensor_parallel_warning",
     "warn_if_tensor_parallel",
 ]
@@ -73,6 +84,11 @@ class GpuWarning(UserWarning):
 class NoFreeGpuError(ServingError):
     """GPUs exist, but not enough of them are free for one server."""
 
+    def __init__(self, message: str, taken: Sequence[str] = (), busy: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.taken = tuple(taken)  # claimed by modelbench processes: given back when they end
+        self.busy = tuple(busy)  # memory in use by another program
+
 
 class GpuDiscoveryError(ServingError):
     """The node has GPUs whose report modelbench cannot read: an error, never a silent CPU run."""
@@ -85,6 +101,28 @@ class Gpu:
     id: str
     memory_used_mib: int | None = None  # None: unknown (treated as free)
     uuid: str | None = None
+    memory_total_mib: int | None = None
+    utilisation: int | None = None  # percent: the highest over utilisation_window_s (NVML)
+    utilisation_window_s: float | None = None  # the span of NVML's samples (None: one reading)
+    processes: tuple[GpuProcess, ...] = ()  # who holds memory on it (NVML's process list)
+
+    def busy_text(self) -> str:
+        """``21.2 GiB held by pid 4711 (user alice, `python train.py`), 97% utilised``, or
+        the memory alone where the source lists no processes (nvidia-smi, fakes)."""
+        if self.memory_used_mib is None:
+            return "memory in use unknown"
+        if not self.processes and self.utilisation is None:
+            return f"{self.memory_used_mib} MiB in use by another process"
+        text = describe_holders(self.memory_used_mib, self.processes)
+        if self.utilisation is not None:
+            text += f", {self.utilisation}% utilised"
+        return text
+
+    def leftover(self) -> str | None:
+        """A note when the memory it holds looks left over (0% utilised for a while)."""
+        return leftover_note(
+            self.memory_used_mib, self.utilisation, self.utilisation_window_s, self.processes
+        )
 
     def matches(self, other_id: str) -> bool:
         return other_id in (self.id, self.uuid)
@@ -244,14 +282,27 @@ class NvmlProvider:
             gpus = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                used: int | None = pynvml.nvmlDeviceGetMemoryInfo(handle).used // 2**20
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                used: int | None = memory.used // 2**20
+                total = getattr(memory, "total", None)
                 try:
                     if pynvml.nvmlDeviceGetMigMode(handle)[0]:
                         used = None
                 except pynvml.NVMLError:  # not a MIG-capable GPU
                     pass
                 uuid = pynvml.nvmlDeviceGetUUID(handle)
-                gpus.append(Gpu(str(i), used, uuid if isinstance(uuid, str) else uuid.decode()))
+                utilisation, window_s = nvml_utilisation(pynvml, handle)
+                gpus.append(
+                    Gpu(
+                        str(i),
+                        used,
+                        uuid if isinstance(uuid, str) else uuid.decode(),
+                        memory_total_mib=total // 2**20 if isinstance(total, int) else None,
+                        utilisation=utilisation,
+                        utilisation_window_s=window_s,
+                        processes=nvml_processes(pynvml, handle),
+                    )
+                )
             return gpus
         except pynvml.NVMLError as exc:
             raise GpuDiscoveryError(
@@ -357,8 +408,8 @@ def _within(gpu: Gpu, allowed: Sequence[Gpu]) -> bool:
 
 def _with_usage(gpu: Gpu, probed: Sequence[Gpu]) -> Gpu:
     for known in probed:
-        if known.matches(gpu.id):
-            return replace(gpu, memory_used_mib=known.memory_used_mib, uuid=known.uuid)
+        if known.matches(gpu.id):  # its memory, holders and utilisation, under the id as named
+            return replace(known, id=gpu.id)
     return gpu
 
 
@@ -397,10 +448,11 @@ def _warn_busy(gpu: Gpu, busy_mib: int) -> None:
             stacklevel=3,
         )
         return
+    leftover = gpu.leftover()
     warnings.warn(
         GpuWarning(
-            f"GPU {gpu.id} is busy: {gpu.memory_used_mib} MiB in use by another process "
-            f"(threshold {busy_mib} MiB, {BUSY_ENV}); skipped. Free it, or choose GPUs with --gpus"
+            f"GPU {gpu.id} is busy: {gpu.busy_text()} (threshold {busy_mib} MiB, {BUSY_ENV}); "
+            f"skipped. {leftover + '. ' if leftover else ''}Free it, or choose GPUs with --gpus"
         ),
         stacklevel=3,
     )
@@ -561,7 +613,7 @@ def claim(
         _ensure_lock_dir(lock_dir)
         held: list[tuple[Gpu, _GpuLock]] = []
         taken: list[str] = []
-        busy: list[str] = []
+        busy: list[Gpu] = []
         for gpu in inventory.gpus:
             lock = _try_lock(lock_dir, gpu.id)
             if lock is None:
@@ -569,7 +621,7 @@ def claim(
                 continue
             if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
                 lock.release()
-                busy.append(gpu.id)
+                busy.append(gpu)
                 if warn_busy and gpu.id not in warned:
                     warned.add(gpu.id)
                     _warn_busy(gpu, busy_mib)
@@ -583,7 +635,9 @@ def claim(
             lock.release()
         if time.monotonic() >= end:
             raise NoFreeGpuError(
-                _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib)
+                _no_free_message(n_per_server, inventory, taken, busy, lock_dir, busy_mib),
+                taken,
+                [g.id for g in busy],
             )
         time.sleep(min(2.0, max(0.05, end - time.monotonic())))
 
@@ -611,11 +665,42 @@ def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:
     return tuple(found)
 
 
+@dataclass(frozen=True)
+class LockNote:
+    """What a GPU's claim file says: who claimed it last, and whether that claim still holds."""
+
+    gpu: str
+    fields: Mapping[str, str]
+    held: bool
+
+    def describe(self) -> str:
+        who = " ".join(f"{k}={v}" for k, v in self.fields.items() if k in ("pid", "host", "since"))
+        return f"claimed by {who}" if self.held else "-"
+
+
+def lock_notes(lock_dir: Path | None = None) -> dict[str, LockNote]:
+    """Every GPU claim file in ``lock_dir`` by GPU id: modelbench's own claims on this node."""
+    lock_dir = default_lock_dir() if lock_dir is None else Path(lock_dir)
+    notes: dict[str, LockNote] = {}
+    try:
+        paths = sorted(lock_dir.glob("gpu-*.lock"))
+    except OSError:
+        return notes
+    for path in paths:
+        try:
+            fields = dict(part.split("=", 1) for part in path.read_text().split() if "=" in part)
+        except OSError:
+            continue
+        gpu = fields.get("gpu") or path.stem.removeprefix("gpu-")
+        notes[gpu] = LockNote(gpu, fields, held(path))
+    return notes
+
+
 def _no_free_message(
     n: int,
     inventory: GpuInventory,
     taken: list[str],
-    busy: list[str],
+    busy: list[Gpu],
     lock_dir: Path,
     busy_mib: int,
 ) -> str:
@@ -629,7 +714,8 @@ def _no_free_message(
             f"claimed by other modelbench workers/sessions: {holders} (locks in {lock_dir})"
         )
     if busy:
-        parts.append(f"busy (> {busy_mib} MiB in use): {','.join(busy)}")
+        parts.append(f"busy (> {busy_mib} MiB in use): {','.join(g.id for g in busy)}")
+        parts.extend(f"GPU {g.id}: {g.busy_text()}" for g in busy if g.processes)
     parts.append("use fewer xdist workers (-n), free GPUs, or pick them with --gpus")
     return "; ".join(parts)
 
@@ -646,21 +732,54 @@ def auto_num_workers(
     """Workers for ``-n auto``: one per group of free, unclaimed GPUs; 1 when there are none."""
     if gpus_per_server < 1:
         return 1
+    free = free_gpu_count(
+        lock_dir, option=option, environ=environ, probe=probe, busy_mib=busy_mib, warn=True
+    )
+    return max(1, free // gpus_per_server)
+
+
+def free_gpu_count(
+    lock_dir: Path | None = None,
+    *,
+    option: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    probe: GpuProvider | None = None,
+    busy_mib: int | None = None,
+    warn: bool = False,
+) -> int:
+    """How many candidate GPUs are neither busy nor claimed by a modelbench process now."""
     lock_dir = default_lock_dir(environ) if lock_dir is None else Path(lock_dir)
     busy_mib = busy_threshold(environ) if busy_mib is None else busy_mib
     inventory = discover_gpus(option, environ=environ, probe=probe)
     free = 0
     for gpu in inventory.gpus:
         if _busy(gpu, busy_mib) or _unknown_usage(gpu, inventory):
-            _warn_busy(gpu, busy_mib)
+            if warn:
+                _warn_busy(gpu, busy_mib)
             continue
-        if lock_dir.is_dir():
-            lock = _try_lock(lock_dir, gpu.id)
-            if lock is None:
-                continue
-            lock.release()
+        if lock_dir.is_dir() and held(_lock_path(lock_dir, gpu.id)):
+            continue
         free += 1
-    return max(1, free // gpus_per_server)
+    return free
+
+
+def sharing_plan(workers: int, free_gpus: int, gpus_per_server: int = 1) -> str | None:
+    """One line for a session with more local workers than free GPU groups, saying what the
+    workers without GPUs do; None when every worker can start its own server."""
+    servers = free_gpus // max(1, gpus_per_server)
+    if workers <= servers or free_gpus == 0:
+        return None  # no GPU at all: every worker serves on the CPU (or uses endpoints)
+    extra = workers - servers
+    per = f" ({gpus_per_server} per server)" if gpus_per_server > 1 else ""
+    return (
+        f"{workers} workers, {_count(free_gpus, 'free GPU')}{per}: "
+        f"{_count(extra, 'worker')} will share servers of their model with the others on "
+        "this node, or wait for a GPU to come free (up to the model's serve.startup_timeout)"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def tensor_parallel_warning(gpus_per_server: int, model: str | None = None) -> str | None:

@@ -12,6 +12,13 @@ drops when a process dies:
   worker that has nothing left to run; it waits while anyone wants ``key``;
 * ``taken-<worker>.lock``: held by the worker using that offer; when it lets go (its item's
   model is done, or it died) the lender stops waiting and stops its server.
+
+A worker that finds no free GPU shares a running server instead (:func:`share`): every
+worker's server is published while it runs, and shared by any number of workers at once:
+
+* ``serving-<worker>-<pid>.json``: a running server of ``key`` at ``url``;
+* ``serving-<worker>-<pid>.lock``: a shared lock held by each worker sending to it while an
+  item runs; its owner withdraws the record, then waits for them to let go before stopping it.
 """
 
 from __future__ import annotations
@@ -33,10 +40,13 @@ WITHDRAW_WAIT_S = 10.0  # a taker that holds on after the offer is withdrawn is 
 __all__ = [
     "Borrowed",
     "Offer",
+    "Published",
+    "Shared",
     "Wanted",
     "held",
     "launch_key",
     "lock_exclusive",
+    "share",
     "take",
     "wanted",
 ]
@@ -281,3 +291,107 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class Published:
+    """The owner's side of sharing: its running server of ``key``, open to the workers of the
+    session on this node that have no GPU of their own (their requests join its queue)."""
+
+    def __init__(
+        self, session: str, worker: str, key: str, url: str, pid: int | None, lock_dir: Path
+    ) -> None:
+        self.directory = session_dir(session, lock_dir)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stem = f"serving-{worker}-{pid or os.getpid()}"
+        self.path = self.directory / f"{stem}.json"
+        self.lock = self.directory / f"{stem}.lock"
+        self.lock.touch()
+        record = {"key": key, "url": url, "pid": pid, "worker": worker, "lock": self.lock.name}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+        self._open = True
+
+    def in_use(self) -> bool:
+        """Whether an item of another worker sends to this server now."""
+        fd = _lock(self.lock, create=False)
+        if fd is None:
+            return self.lock.exists()
+        _unlock(fd)
+        return False
+
+    def close(self, *, wait: bool = True, poll_s: float = OFFER_POLL_S) -> None:
+        """Withdraw the server (no new sharer finds it); with ``wait``, until every worker
+        sending to it has let go (its item ended, or its process died)."""
+        if not self._open:
+            return
+        self._open = False
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        try:
+            while wait:
+                fd = _lock(self.lock, create=False)
+                if fd is not None or not self.lock.exists():
+                    if fd is not None:
+                        _unlock(fd)
+                    break
+                time.sleep(poll_s)
+        finally:  # Ctrl-C while waiting leaves nothing behind either
+            with contextlib.suppress(OSError):
+                self.lock.unlink()
+            _tidy(self.directory)
+
+
+class Shared:
+    """The sharer's side: another worker's running server, used until :meth:`stop`."""
+
+    def __init__(self, url: str, pid: int | None, worker: str, fd: int) -> None:
+        self.base_url = url
+        self.pid = pid
+        self.worker = worker
+        self._fd: int | None = fd
+
+    def is_alive(self) -> bool:
+        return self._fd is not None and (self.pid is None or _alive(self.pid))
+
+    def stop(self) -> None:
+        """Let go: its owner may stop it (it stays up while other workers send to it)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _unlock(fd)
+
+    def death_report(self) -> str | None:
+        if self.pid is None or _alive(self.pid):
+            return None
+        return f"the server of worker {self.worker} (pid {self.pid}), shared, exited"
+
+
+def share(session: str, key: str, lock_dir: Path) -> Shared | None:
+    """A running server of ``key`` that a worker of the session on this node published,
+    locked (shared) for this process; None when there is none."""
+    directory = session_dir(session, lock_dir)
+    for path in _glob(directory, "serving-*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("key") != key:
+            continue
+        pid = record.get("pid")
+        pid = pid if isinstance(pid, int) else None
+        if pid is not None and not _alive(pid):
+            continue
+        try:
+            fd = os.open(directory / str(record.get("lock")), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # its owner is withdrawing it
+            os.close(fd)
+            continue
+        if not path.exists():  # withdrawn meanwhile
+            _unlock(fd)
+            continue
+        return Shared(str(record["url"]), pid, str(record.get("worker")), fd)
+    return None

@@ -9,6 +9,10 @@ misnamed is served from a shadow directory (``serving/checkpoints.py``).
 
 While an item runs, GPUs of this node that other workers of the session gave back serve the
 model as replicas when the remaining work pays for their start (``serving/replicas.py``).
+
+A worker of a session that finds no free GPU (more workers than GPUs) shares a running server
+of the same launch on its node for the item (``serving/handover.py``: its requests join that
+server's queue), or waits for a GPU to come free, up to the model's start-up timeout.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 
 MAX_RESTARTS = 1
 REMOTE_POLL_S = 1.0  # a worker serving another node's item reports this often
+SHARE_POLL_S = 0.5  # a worker without a GPU looks for one (or a server to share) this often
 
 
 def default_cache_dir() -> Path:
@@ -53,6 +58,10 @@ class ServerDiedWarning(UserWarning):
 
 class ReplicaWarning(UserWarning):
     """A replica of a served model died or did not start (the item goes on without it)."""
+
+
+class SharedServerWarning(UserWarning):
+    """A worker found no free GPU: its item shares another worker's server, or waits."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,7 @@ class ServerPool:
         self._starting: str | None = None  # the item whose server is starting
         self._want_lock = threading.Lock()
         self._restarts: dict[str, int] = {}
+        self._published: Any = None  # handover.Published: this worker's server, shared
         self._tp_warned: set[str] = set()
         self.starts = 0
 
@@ -156,7 +166,7 @@ class ServerPool:
     def _claimed(self, n: int) -> tuple[str, ...]:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
-        from pytest_modelbench.serving.gpus import GpuSpecError, claim
+        from pytest_modelbench.serving.gpus import GpuSpecError, NoFreeGpuError, claim
 
         if self._claim is None or len(self._claim.gpus) not in (0, n):
             if self._claim is not None:
@@ -166,6 +176,10 @@ class ServerPool:
                 self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
             except GpuSpecError as exc:
                 raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value
+            except NoFreeGpuError as exc:
+                if self.session is not None and exc.taken:
+                    raise  # workers of a session hold them: share a server, or wait (_start)
+                raise EvaluationError(str(exc)) from None
             except ServingError as exc:
                 raise EvaluationError(str(exc)) from None
         if self._claim.cpu and not self._cpu_warned:
@@ -204,6 +218,8 @@ class ServerPool:
             and Path(spec.model).is_dir()
         )
         served = item.model_name if local else (spec.model or item.model_name)
+        if isinstance(self._server, _SharedServer) and not self._server.is_alive():
+            self.stop()  # its owner's server died: find another, or a GPU
         if self._server is not None and self._model == item.model_name:
             self._served_items.add(item.item_id)
             if self._server.is_alive():
@@ -217,11 +233,13 @@ class ServerPool:
         except ServingError as exc:
             raise EvaluationError(f"{item.model_name}: {exc}") from None
         self._model = item.model_name
+        self._publish()
         return self._server.base_url, self._server.served_name
 
     def _start(self, item: PlannedItem, served: str) -> Any:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.checkpoints import CheckpointWarning, servable_checkpoint
+        from pytest_modelbench.serving.gpus import NoFreeGpuError
         from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
         from pytest_modelbench.serving.smollm2 import (
             SMOLLM2_SERVE_ARGS,
@@ -249,7 +267,15 @@ class ServerPool:
             model_path, note = servable_checkpoint(model_path, shadow_root)
             if note:
                 warnings.warn(CheckpointWarning(note), stacklevel=2)
-        gpus = self._gpus(max(1, n_gpus), item.model_name)
+        timeout_s = serve.startup_timeout if serve is not None else 900.0
+        launch = _Launch(item.model_name, str(model_path), served, args, max(1, n_gpus), timeout_s)
+        try:
+            gpus = self._gpus(launch.gpus, item.model_name)
+        except NoFreeGpuError as exc:  # other workers of the session hold the GPUs
+            found = self._share_or_wait(launch, exc)
+            if isinstance(found, _SharedServer):
+                return found
+            gpus = found
         log_path = self.run_dir / "servers" / f"{self.worker}-{safe_component(item.model_name)}.log"
         try:
             server = VllmServer(
@@ -263,10 +289,7 @@ class ServerPool:
             )
         except ValueError as exc:  # reserved flag in serve.args
             raise ModelbenchUsageError(f"models.{item.model_name}.serve.args: {exc}") from None
-        timeout_s = serve.startup_timeout if serve is not None else 900.0
-        self._launch = _Launch(
-            item.model_name, str(model_path), served, args, max(1, n_gpus), timeout_s
-        )
+        self._launch = launch
         self._starting = item.item_id
         self._watch(None)  # replicas may start alongside this server
         began = time.monotonic()
@@ -283,6 +306,98 @@ class ServerPool:
             self._replicas.primary_started(self._start_s)
         self.starts += 1
         return server
+
+    # -- workers without a GPU ----------------------------------------------------------------
+    def _share_or_wait(self, launch: _Launch, no_gpu: Exception) -> _SharedServer | tuple[str, ...]:
+        """No free GPU, but workers of this session hold some: share a running server of
+        ``launch`` on this node, or claim GPUs once one comes free, whichever comes first,
+        within the launch's start-up timeout. Says which in one line."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.base import ServingError
+        from pytest_modelbench.serving.gpus import GpuSpecError, claim, default_lock_dir
+        from pytest_modelbench.serving.handover import share
+
+        assert self.session is not None
+        lock_dir = default_lock_dir()
+        deadline = time.monotonic() + launch.timeout_s
+        waited = False
+        while True:
+            found = share(self.session, launch.key, lock_dir)
+            if found is not None:
+                warnings.warn(
+                    SharedServerWarning(
+                        f"{launch.model_name}: no free GPU for worker {self.worker}; its item "
+                        f"shares worker {found.worker}'s server (requests join its queue)"
+                    ),
+                    stacklevel=4,
+                )
+                return _SharedServer(found, launch.served)
+            try:
+                self._claim = claim(
+                    launch.gpus,
+                    option=self.gpus_option,
+                    warn_tensor_parallel=False,
+                    warn_busy=False,
+                )
+                return tuple(self._claim.gpus)
+            except GpuSpecError as exc:
+                raise ModelbenchUsageError(str(exc)) from None
+            except ServingError as exc:
+                no_gpu = exc
+            if time.monotonic() >= deadline:
+                raise EvaluationError(
+                    f"{no_gpu}; waited {launch.timeout_s:.0f} s (serve.startup_timeout) for a "
+                    f"GPU to come free or a server of {launch.model_name} to share"
+                )
+            if not waited:
+                waited = True
+                warnings.warn(
+                    SharedServerWarning(
+                        f"{launch.model_name}: no free GPU for worker {self.worker}; waiting up "
+                        f"to {launch.timeout_s:.0f} s (serve.startup_timeout) for a GPU to come "
+                        "free or a server of the same model on this node to share"
+                    ),
+                    stacklevel=4,
+                )
+            time.sleep(min(SHARE_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def _publish(self) -> None:
+        """Open this worker's new server to the session's workers on this node that have no
+        GPU (they share it while their items run)."""
+        server, launch = self._server, self._launch
+        if self.session is None or launch is None or isinstance(server, _SharedServer):
+            return
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.gpus import default_lock_dir
+        from pytest_modelbench.serving.handover import Published
+
+        pid = getattr(getattr(server, "process", None), "pid", None)
+        with contextlib.suppress(OSError):  # sharing is a fallback only
+            self._published = Published(
+                self.session, self.worker, launch.key, server.base_url, pid, default_lock_dir()
+            )
+
+    def _unpublish(self, *, wait: bool) -> None:
+        """Withdraw this worker's server; with ``wait``, after the items sharing it end."""
+        published, self._published = self._published, None
+        if published is None:
+            return
+        if wait and published.in_use() and self._launch is not None:
+            warnings.warn(
+                SharedServerWarning(
+                    f"{self._launch.model_name}: items of other workers share this worker's "
+                    "server; it stops once they end"
+                ),
+                stacklevel=4,
+            )
+        published.close(wait=wait)
+
+    def item_done(self) -> None:
+        """After an item: say what happened to replicas; let go of a shared server (its owner
+        may switch model once no item of another worker sends to it)."""
+        self.report_replicas()
+        if isinstance(self._server, _SharedServer):
+            self.stop()
 
     # -- replicas ----------------------------------------------------------------------------
     def share(self, urls: UrlSet) -> None:
@@ -501,6 +616,7 @@ class ServerPool:
 
         count = self._restarts.get(model, 0)
         died = self.death_report()
+        self._unpublish(wait=False)  # its sharers see it died; published again once restarted
         if count >= MAX_RESTARTS:
             self._stop_replicas()  # its items fail from here on: replicas would only wait
             raise EvaluationError(
@@ -519,6 +635,7 @@ class ServerPool:
             self._server.restart()
         except ServingError as exc:
             raise EvaluationError(f"{model}: restart after a crash failed: {exc}") from None
+        self._publish()
 
     def _log_excerpt(self) -> str:
         """The dead server's log path and last lines, which say why it died."""
@@ -535,6 +652,9 @@ class ServerPool:
         """After a failed item: True when its server had died and was restarted (retry the item)."""
         if self._server is None or self._model != item.model_name or self._server.is_alive():
             return False
+        if isinstance(self._server, _SharedServer):
+            self.stop()  # another worker's server died: the retry finds another, or a GPU
+            return True
         self._restart(item.model_name)
         return True
 
@@ -660,8 +780,11 @@ class ServerPool:
                 self._remote_ready.clear()
         self._want(False)
 
-    def stop(self) -> None:
+    def stop(self, *, wait_sharers: bool = True) -> None:
+        """Stop this worker's server (after the items of other workers sharing it, unless
+        ``wait_sharers`` is False), or let go of the one it shares."""
         self._stop_replicas()
+        self._unpublish(wait=wait_sharers)
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -677,7 +800,7 @@ class ServerPool:
                 self._lend()
                 self._serve_other_nodes()
         finally:
-            self.stop()
+            self.stop(wait_sharers=lend)
             if self._claim is not None:
                 if self.session is not None:
                     self._claim.give_back(self.session)
@@ -708,3 +831,29 @@ class _RemoteServer:
         if exchange is not None and exchange.failure is not None:
             return exchange.failure
         return self._pool._remote_dead.get(self.lease)
+
+
+class _SharedServer:
+    """Another worker's running server of the same launch (``handover.Shared``), used by this
+    worker's item: stopping it lets go, and its owner stops it."""
+
+    def __init__(self, shared: Any, served_name: str) -> None:
+        self._shared = shared
+        self.base_url: str = shared.base_url
+        self.served_name = served_name
+
+    def is_alive(self) -> bool:
+        return bool(self._shared.is_alive())
+
+    def stop(self) -> None:
+        self._shared.stop()
+
+    def restart(self) -> None:
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.base import ServingError
+
+        raise ServingError(f"worker {self._shared.worker}'s server is not this worker's to restart")
+
+    def death_report(self) -> str | None:
+        report: str | None = self._shared.death_report()
+        return report

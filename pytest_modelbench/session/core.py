@@ -6,12 +6,15 @@ The plugin imports this module only for sessions that ask for benchmark items
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import gc
 import os
 import signal
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -260,8 +263,48 @@ class ModelbenchSession:
                 self.config.issue_config_time_warning(PlanWarning(note), stacklevel=2)
             if not self.config.option.collectonly and not is_worker(self.config):
                 self._check_run_dir()
+                self._note_gpu_sharing()
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+    def _note_gpu_sharing(self) -> None:
+        """A header line when local xdist workers outnumber the free GPU groups of this node:
+        what the workers without a GPU will do (share servers, or wait for a GPU)."""
+        specs = [str(spec) for spec in self.config.getoption("tx", default=None) or []]
+        workers = len(specs)
+        if workers < 2 or not all(spec.startswith("popen") for spec in specs):
+            return  # no workers, or workers on other nodes (their GPUs are theirs)
+        served = [i for i in self.plan.items if not (i.model.api_base_url or i.model.solutions)]
+        if not served:
+            return
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.serving.gpus import GpuWarning, free_gpu_count, sharing_plan
+
+        per_server = max(i.model.serve.gpus if i.model.serve else 1 for i in served)
+        with warnings.catch_warnings():  # discovery's own warnings come from the workers' claims
+            warnings.simplefilter("ignore", GpuWarning)
+            try:
+                free = free_gpu_count(option=self.options.gpus)
+            except Exception:  # the workers' claims report what discovery cannot read
+                return
+        line = sharing_plan(workers, free, max(1, per_server))
+        if line is not None:
+            self.notes.append(line)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """Ctrl-C: pytest formats the whole traceback (each frame's source and arguments, and
+        the exceptions it interrupted; over a second in a worker deep in an item) only to
+        print where it stopped, unless ``--full-trace``. Keep that frame alone, so that Ctrl-C
+        ends the run at once; the output is the same."""
+        if self.config.option.fulltrace:
+            return
+        entries = excinfo.traceback
+        for index in range(len(entries) - 1, -1, -1):
+            if not entries[index].ishidden(excinfo):
+                excinfo.traceback = entries[index:]
+                break
+        excinfo.value.__suppress_context__ = True  # chained exceptions are not printed either
 
     def pytest_report_header(self) -> list[str]:
         return [f"modelbench: {note}" for note in self.notes]
@@ -660,6 +703,8 @@ class ModelbenchSession:
     def pytest_sessionfinish_last(self, exitstatus: int) -> None:
         """Last: this process's servers stop; ``--update-baselines`` writes settled scores."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if interrupted:
+            atexit.register(_exit_without_collecting)
         if self._evaluator is not None:  # stop this process's servers, release its GPUs
             self._evaluator.endpoints.close(interrupted=interrupted)
         elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
@@ -781,6 +826,14 @@ def _unwritable(run_dir: Path) -> str | None:
     except OSError as exc:
         return f"{existing} is not writable ({exc.strerror or exc})"
     return None
+
+
+def _exit_without_collecting() -> None:
+    """At exit after Ctrl-C: the interpreter's last garbage collections walk every object the
+    run made (hundreds of milliseconds in an xdist worker, which the controller waits for);
+    frozen, the objects are freed all the same, without the walk."""
+    gc.freeze()
+    gc.disable()
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001  # signal handler signature

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,40 @@ def test_resume_after_an_interrupt_finishes_the_item(project: Project, sim: Any)
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--run-id", "r")
     result.assert_outcomes(passed=1)
     assert item_status(run_dir, "alpha-qa-seed0") == "finished"
+
+
+def _deep(n: int) -> None:
+    if n == 0:
+        try:
+            raise ConnectionResetError("a reply in flight")
+        except ConnectionResetError:
+            raise KeyboardInterrupt  # noqa: B904  # as Ctrl-C lands: inside another exception
+    _deep(n - 1)
+
+
+def where(crash: Any) -> tuple[str, int, str]:
+    return (crash.path, crash.lineno, crash.message)
+
+
+@pytest.mark.parametrize("fulltrace", [False, True])
+def test_ctrl_c_formats_only_where_it_stopped(fulltrace: bool) -> None:
+    """pytest formats the whole traceback of a Ctrl-C (each frame's source and arguments, and
+    the exception it interrupted) to print only where it stopped, unless --full-trace: the
+    session keeps that frame alone, so the same line prints, at once."""
+    from pytest_modelbench.session.core import ModelbenchSession
+
+    try:
+        _deep(30)
+    except KeyboardInterrupt:
+        excinfo = pytest.ExceptionInfo.from_current()
+    before = where(excinfo.getrepr(funcargs=True).reprcrash)
+    assert len(excinfo.traceback) > 30 and excinfo.value.__context__ is not None
+    config = types.SimpleNamespace(option=types.SimpleNamespace(fulltrace=fulltrace))
+    ModelbenchSession.pytest_keyboard_interrupt(types.SimpleNamespace(config=config), excinfo)  # type: ignore[arg-type]
+    after = excinfo.getrepr(funcargs=True)
+    assert where(after.reprcrash) == before  # what pytest prints without --full-trace
+    if fulltrace:
+        assert len(excinfo.traceback) > 30 and not excinfo.value.__suppress_context__
+    else:
+        assert len(excinfo.traceback) == 1 and excinfo.value.__suppress_context__
+        assert excinfo.traceback[0].name == "_deep"

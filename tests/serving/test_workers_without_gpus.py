@@ -1,0 +1,141 @@
+"""More xdist workers than free GPUs (issue 38): a worker without a GPU shares a running server
+of the same launch on its node, or waits for a GPU to come free; none of its items fails for
+want of a GPU while the session can still run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.resume.conftest import kill_group, start_pytest
+from tests.serving.conftest import pid_alive
+from tests.serving.fakevllm import install, models, starts
+
+
+def test_two_workers_one_gpu_same_model(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = install(pytester.path, monkeypatch, seeds=(0, 1))
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.2")  # both items run at once
+    models(pytester.path, gpus=1, names=("m1",))
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "-n", "2", "--mb-dist", "off", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*2 workers, 1 free GPU: 1 worker will share servers*"])
+    result.stdout.fnmatch_lines(["*m1: no free GPU for worker gw*"])
+    assert {s["gpus"] for s in starts(log)} == {"0"}  # only ever on the one GPU
+
+
+def test_two_workers_one_gpu_busy(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:40000")  # someone else's job on GPU 1
+    models(pytester.path, gpus=1)
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1,m2", "--seeds", "0,1", "-n", "2", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=4)
+    assert {s["gpus"] for s in starts(fake_vllm)} == {"0"}  # never the busy GPU
+
+
+def test_gpus_option_naming_fewer_gpus_than_workers(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:0,2:0")
+    models(pytester.path, gpus=1, names=("m1",))
+    result = pytester.runpytest_subprocess(
+        "benchmarks/",
+        "--model",
+        "m1",
+        "--seeds",
+        "0,1,2",
+        "-n",
+        "3",
+        "--gpus",
+        "1",
+        "--mb-dist",
+        "off",
+        "-p",
+        "no:randomly",
+    )
+    result.assert_outcomes(passed=3)
+    assert {s["gpus"] for s in starts(fake_vllm)} == {"1"}
+
+
+def test_owner_stops_its_server_only_after_the_sharers_let_go(tmp_path: Path) -> None:
+    from pytest_modelbench.serving.handover import Published, share
+
+    published = Published("s1", "gw0", "key", "http://127.0.0.1:1", os.getpid(), tmp_path)
+    assert share("s1", "other-key", tmp_path) is None  # another launch: not shared
+    assert not published.in_use()
+    first, second = share("s1", "key", tmp_path), share("s1", "key", tmp_path)
+    assert first is not None and second is not None  # any number of sharers at once
+    assert published.in_use()
+    assert first.base_url == "http://127.0.0.1:1" and first.worker == "gw0"
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (published.close(), closed.set()))
+    closer.start()
+    time.sleep(0.3)
+    assert share("s1", "key", tmp_path) is None  # withdrawn: no new sharer finds it
+    first.stop()
+    time.sleep(0.3)
+    assert not closed.is_set()  # the second sharer's item still runs
+    second.stop()
+    closer.join(5)
+    assert closed.is_set()
+    assert not list(tmp_path.glob("session-*"))  # nothing left behind
+
+
+def test_ctrl_c_while_a_worker_shares_a_server(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it): the owner of a shared
+    server does not wait for the items sharing it; no engine is left behind."""
+    log = install(pytester.path, monkeypatch, seeds=(0, 1))
+    (pytester.path / "qa.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "question": f"q{i}", "answer": "a"}) + "\n" for i in range(400)
+        )
+    )
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.2")
+    models(pytester.path, gpus=1, names=("m1",))
+    out = pytester.path / "pytest.log"
+    proc = start_pytest(
+        pytester.path, "benchmarks/", "--model", "m1", "-n", "2", "--mb-dist", "off", log=out
+    )
+    requests = pytester.path / "requests.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (requests.exists() and requests.read_text().count("\n") >= 12):
+            assert proc.poll() is None, out.read_text(errors="replace")
+            assert time.monotonic() < deadline, "the items never ran"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        kill_group(proc)
+    output = out.read_text(errors="replace")
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert len(starts(log)) == 1, output  # one GPU, one server: the other worker shared it
+    assert [s["pid"] for s in starts(log) if pid_alive(s["pid"])] == [], output
+
+
+def test_a_served_run_without_xdist(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header's worker count reads xdist's options only where xdist is loaded."""
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    models(pytester.path, gpus=1, names=("m1",))
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1", "--seeds", "0", "-p", "no:xdist", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=1)
