@@ -13,6 +13,7 @@ behind it are imported and registered when the options select benchmark items (`
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Generator, Iterator, Sequence
@@ -259,7 +260,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     last registered first, which depends on the order the environment loaded the plugins.
 
     xdist asks in ``pytest_cmdline_main``, before ``pytest_configure``: the options are
-    parsed and the session started here then (``pytest_configure`` finds it started)."""
+    parsed and the session started here then (``pytest_configure`` finds it started).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` (xdist's own override) still wins: then xdist answers."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     if OPTIONS_KEY not in config.stash:
         try:
             options = (RunOptions.from_config(config), ReportOptions.from_config(config))
@@ -275,7 +279,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         items = session.plan.items
     except ModelbenchUsageError:
         return None
-    served = [i for i in items if not i.model.api_base_url]
+    served = [i for i in items if not (i.model.api_base_url or i.model.solutions)]
     if not served:
         return None
     # lazily: loaded only when the hook runs (pytest start-up)

@@ -64,7 +64,7 @@ def command(
 ) -> list[str]:
     """The ``bwrap`` command line that runs the launcher (its configuration on the inherited
     descriptor ``config_fd``) in a fresh root, with ``files`` (from :func:`work_files`)
-    copied into a tmpfs of ``work_bytes`` at the working directory."""
+    copied into a tmpfs of ``work_bytes`` (plus their own size) at the working directory."""
     args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     if network:
         args.append("--share-net")
@@ -88,7 +88,11 @@ def command(
         "--remount-ro",
         "/dev",
     ]
-    args += ["--size", str(work_bytes), "--perms", "0755", "--tmpfs", INSIDE_WORKDIR]
+    # the files copied in come on top of the program's own space: a reply larger than the
+    # working directory is the program's to run (and fail), never a set-up failure
+    copied = sum(os.fstat(fd).st_size for fd, _ in files if fd >= 0)
+    size = work_bytes + copied
+    args += ["--size", str(size), "--perms", "0755", "--tmpfs", INSIDE_WORKDIR]
     for fd, name in files:
         target = f"{INSIDE_WORKDIR}/{name}"
         args += ["--dir", target] if fd < 0 else ["--perms", "0644", "--file", str(fd), target]

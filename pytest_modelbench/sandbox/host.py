@@ -192,6 +192,9 @@ def machinery_failure(
         return "the sandbox was not set up: " + (lines[-1] if lines else "no output")[:300]
     if timed_out:
         return None
+    for raw in verdicts:  # the judge's own error comes in a verdict without tests
+        if isinstance(raw, Mapping) and raw.get("judge_error"):
+            return f"the sandbox's judge could not run the tests: {raw.get('failure')}"[:400]
     if verdict is None:
         count = len(verdicts)
         return f"the sandbox's judge ended before it reported ({count} verdicts)"
@@ -525,15 +528,18 @@ class Sandbox:
         directory's files, which bubblewrap copies into the sandbox's tmpfs)."""
         if level == "bwrap":
             found = bwrap.find_bwrap() or "bwrap"
+            layout = self._layout()  # before opening the files: a LayoutError leaks nothing
             files = bwrap.work_files(str(workdir))
-            argv = bwrap.command(
-                found,
-                self._layout(),
-                files,
-                config_fd,
-                network=self.allow_network,
-                work_bytes=limits.work_bytes,
-            )
+            try:
+                argv = bwrap.command(
+                    found, layout, files, config_fd, network=self.allow_network,
+                    work_bytes=limits.work_bytes,
+                )  # fmt: skip
+            except BaseException:
+                for fd, _ in files:
+                    if fd >= 0:
+                        os.close(fd)
+                raise
             return argv, {"cwd": "/", **bwrap.popen_options()}, [fd for fd, _ in files if fd >= 0]
         if level == "namespaces":  # site runs once the root is built (see launcher.main)
             argv = [self._layout().interpreter, "-I", "-S", "-B"]

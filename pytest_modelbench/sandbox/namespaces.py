@@ -288,7 +288,7 @@ def build_root(config: dict[str, Any]) -> dict[str, Any]:
         mount(lib, "tmpfs", new + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0555")
     work = new + INSIDE_WORKDIR
     os.mkdir(work)
-    size = config["limits"]["work_bytes"]
+    size = config["limits"]["work_bytes"] + _tree_bytes(config["host_workdir"])  # see bwrap
     options = f"mode=0755,size={size},uid={SANDBOX_ID},gid={SANDBOX_ID}"
     mount(lib, "tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, options)
     _copy_work(config["host_workdir"], work)
@@ -302,6 +302,18 @@ def build_root(config: dict[str, Any]) -> dict[str, Any]:
     _pivot(lib, new)
     os.chdir(INSIDE_WORKDIR)
     return {"root": "minimal", "nested_userns": False}
+
+
+def _tree_bytes(top: str) -> int:
+    """The bytes of the files under ``top`` (what is copied into the working directory)."""
+    total = 0
+    for folder, _, names in os.walk(top):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def drop_privileges(setgroups: bool) -> None:

@@ -3,7 +3,9 @@
 Defence in depth behind the namespaces: system calls no benchmark program needs, and whose
 kernel code has been the way out of sandboxes before, fail with ``EPERM`` (asynchronous I/O
 rings, user-mode page faults, BPF, performance counters, keyrings, tracing, mounts, new
-namespaces, kernel modules, another process's memory), as do sockets of the ``AF_VSOCK``
+namespaces (``unshare``, ``setns``, and ``clone`` with a ``CLONE_NEW*`` flag; ``clone3``
+answers ``ENOSYS``, so libc falls back to ``clone``), kernel modules, another process's
+memory), as do sockets of the ``AF_VSOCK``
 (the hypervisor) and ``AF_PACKET`` (raw frames) families. Where no process may be started
 (the audit-hook level without a way to bound them), ``execve`` fails too, so that
 ``_posixsubprocess.fork_exec``, which bypasses the audit hook, starts nothing.
@@ -62,6 +64,17 @@ SPAWNING = ("execve", "execveat")  # refused too where no process may be started
 AF_PACKET = 17
 AF_VSOCK = 40
 REFUSED_FAMILIES = (AF_PACKET, AF_VSOCK)
+# clone() flags that make new namespaces (the way around a refused unshare/setns)
+CLONE_NEW_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+    0x00000080,  # CLONE_NEWTIME
+)
 
 
 @functools.cache
@@ -81,6 +94,12 @@ def program_filter(spawn: bool) -> bytes | None:
             continue
     for family in REFUSED_FAMILIES:
         built.add_rule(refuse, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+    for flag in CLONE_NEW_FLAGS:  # threads and processes, but no new namespaces
+        built.add_rule(refuse, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
+    try:  # clone3 passes its flags in memory a filter cannot read: as if the kernel lacked it
+        built.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    except (OSError, ValueError, RuntimeError):
+        pass
     with tempfile.TemporaryFile() as handle:
         built.export_bpf(handle)
         handle.seek(0)

@@ -63,6 +63,7 @@ __all__ = [
     "default_lock_dir",
     "discover_gpus",
     "free_gpu_count",
+    "held_by_session",
     "lock_notes",
     "parse_gpu_list",
     "session_gpus",
@@ -507,7 +508,7 @@ def _ensure_lock_dir(lock_dir: Path) -> None:
         os.chmod(lock_dir, 0o1777)
 
 
-def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
+def _try_lock(lock_dir: Path, gpu_id: str, session: str | None = None) -> _GpuLock | None:
     path = _lock_path(lock_dir, gpu_id)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -523,6 +524,8 @@ def _try_lock(lock_dir: Path, gpu_id: str) -> _GpuLock | None:
     note = (
         f"pid={os.getpid()} host={socket.gethostname()} since={time.strftime('%FT%T')} gpu={gpu_id}"
     )
+    if session:
+        note += f" session={session}"
     os.ftruncate(fd, 0)
     os.pwrite(fd, (note + "\n").encode(), 0)
     return _GpuLock(path, fd, note)
@@ -588,8 +591,10 @@ def claim(
     wait_s: float = 0.0,
     warn_tensor_parallel: bool = True,
     warn_busy: bool = True,
+    session: str | None = None,
 ) -> GpuClaim:
-    """Lock ``n_per_server`` free GPUs for this process.
+    """Lock ``n_per_server`` free GPUs for this process (``session``: noted in the claim
+    file, so the session's other workers know the GPU is theirs to wait for).
 
     ``warn_tensor_parallel=False``: the caller warns itself (ServerPool, naming the model).
     ``warn_busy=False``: busy GPUs are skipped quietly (replicas look every second).
@@ -615,7 +620,7 @@ def claim(
         taken: list[str] = []
         busy: list[Gpu] = []
         for gpu in inventory.gpus:
-            lock = _try_lock(lock_dir, gpu.id)
+            lock = _try_lock(lock_dir, gpu.id, session)
             if lock is None:
                 taken.append(gpu.id)
                 continue
@@ -640,6 +645,17 @@ def claim(
                 [g.id for g in busy],
             )
         time.sleep(min(2.0, max(0.05, end - time.monotonic())))
+
+
+def held_by_session(gpus: Sequence[str], session: str, lock_dir: Path | None = None) -> bool:
+    """Whether a process of ``session`` holds any of ``gpus`` now (its claim file says so):
+    only then is a GPU worth waiting for; another session's run may hold it for hours."""
+    notes = lock_notes(lock_dir)
+    return any(
+        note.held and note.fields.get("session") == session
+        for gpu in gpus
+        if (note := notes.get(gpu)) is not None
+    )
 
 
 def session_gpus(session: str, lock_dir: Path | None = None) -> tuple[str, ...]:

@@ -149,6 +149,7 @@ class ServerPool:
         self._restarts: dict[str, int] = {}
         self._published: Any = None  # handover.Published: this worker's server, shared
         self._tp_warned: set[str] = set()
+        self._waited_out: dict[str, str] = {}  # model -> the wait that timed out (no second one)
         self.starts = 0
 
     def _gpus(self, n: int, model: str) -> tuple[str, ...]:
@@ -166,20 +167,27 @@ class ServerPool:
     def _claimed(self, n: int) -> tuple[str, ...]:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
-        from pytest_modelbench.serving.gpus import GpuSpecError, NoFreeGpuError, claim
+        from pytest_modelbench.serving.gpus import (
+            GpuSpecError,
+            NoFreeGpuError,
+            claim,
+            held_by_session,
+        )
 
         if self._claim is None or len(self._claim.gpus) not in (0, n):
             if self._claim is not None:
                 self._claim.release()
                 self._claim = None
             try:
-                self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
+                self._claim = claim(
+                    n, option=self.gpus_option, warn_tensor_parallel=False, session=self.session
+                )
             except GpuSpecError as exc:
                 raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value
             except NoFreeGpuError as exc:
-                if self.session is not None and exc.taken:
-                    raise  # workers of a session hold them: share a server, or wait (_start)
-                raise EvaluationError(str(exc)) from None
+                if self.session is not None and held_by_session(exc.taken, self.session):
+                    raise  # workers of this session hold them: share a server, or wait (_start)
+                raise EvaluationError(str(exc)) from None  # another session's: fail at once
             except ServingError as exc:
                 raise EvaluationError(str(exc)) from None
         if self._claim.cpu and not self._cpu_warned:
@@ -202,7 +210,9 @@ class ServerPool:
         if self._claim is not None:
             return
         with contextlib.suppress(GpuSpecError, ServingError):
-            self._claim = claim(n, option=self.gpus_option, warn_tensor_parallel=False)
+            self._claim = claim(
+                n, option=self.gpus_option, warn_tensor_parallel=False, session=self.session
+            )
 
     def ensure(self, item: PlannedItem) -> tuple[str, str]:
         """The (base URL, served model name) for ``item``, starting a server when needed."""
@@ -318,6 +328,8 @@ class ServerPool:
         from pytest_modelbench.serving.handover import share
 
         assert self.session is not None
+        if launch.model_name in self._waited_out:  # one wait per model: later items fail at once
+            raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
         lock_dir = default_lock_dir()
         deadline = time.monotonic() + launch.timeout_s
         waited = False
@@ -338,6 +350,7 @@ class ServerPool:
                     option=self.gpus_option,
                     warn_tensor_parallel=False,
                     warn_busy=False,
+                    session=self.session,
                 )
                 return tuple(self._claim.gpus)
             except GpuSpecError as exc:
@@ -345,10 +358,11 @@ class ServerPool:
             except ServingError as exc:
                 no_gpu = exc
             if time.monotonic() >= deadline:
-                raise EvaluationError(
-                    f"{no_gpu}; waited {launch.timeout_s:.0f} s (serve.startup_timeout) for a "
-                    f"GPU to come free or a server of {launch.model_name} to share"
+                self._waited_out[launch.model_name] = (
+                    f"waited {launch.timeout_s:.0f} s (serve.startup_timeout) for a GPU to come "
+                    f"free or a server of {launch.model_name} to share"
                 )
+                raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
             if not waited:
                 waited = True
                 warnings.warn(
@@ -560,6 +574,7 @@ class ServerPool:
                 option=",".join(given_back),
                 warn_tensor_parallel=False,
                 warn_busy=False,
+                session=self.session,
             )
         except (GpuSpecError, ServingError):  # taken meanwhile, or busy: look again later
             return None

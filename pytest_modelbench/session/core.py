@@ -703,7 +703,7 @@ class ModelbenchSession:
     def pytest_sessionfinish_last(self, exitstatus: int) -> None:
         """Last: this process's servers stop; ``--update-baselines`` writes settled scores."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-        if interrupted:
+        if interrupted and is_worker(self.config):  # the controller waits for its workers
             atexit.register(_exit_without_collecting)
         if self._evaluator is not None:  # stop this process's servers, release its GPUs
             self._evaluator.endpoints.close(interrupted=interrupted)
@@ -829,9 +829,11 @@ def _unwritable(run_dir: Path) -> str | None:
 
 
 def _exit_without_collecting() -> None:
-    """At exit after Ctrl-C: the interpreter's last garbage collections walk every object the
-    run made (hundreds of milliseconds in an xdist worker, which the controller waits for);
-    frozen, the objects are freed all the same, without the walk."""
+    """At an xdist worker's exit after Ctrl-C: the interpreter's last garbage collections walk
+    every object the run made (hundreds of milliseconds, which the controller waits for).
+    Frozen, they are not walked: objects kept alive only by reference cycles are then never
+    finalised, which is safe here because the journal is flushed per line and the store's
+    files are written atomically before this runs (atexit, after the session ended)."""
     gc.freeze()
     gc.disable()
 
