@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 import pytest
 
+from pytest_modelbench.config.schema import MAX_CONCURRENT
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, is_text, shown_value
 
 Kind = Literal["str", "int", "float", "flag"]
@@ -333,7 +334,13 @@ def _raw(config: pytest.Config, dest: str) -> Any:
 _MAX_INT = 2**63 - 1
 
 
-def _as_number(flag: str, value: Any, kind: type[int] | type[float], minimum: float) -> Any:
+def _as_number(
+    flag: str,
+    value: Any,
+    kind: type[int] | type[float],
+    minimum: float,
+    maximum: float | None = None,
+) -> Any:
     if value is None:
         return None
     try:
@@ -347,6 +354,10 @@ def _as_number(flag: str, value: Any, kind: type[int] | type[float], minimum: fl
         raise ModelbenchUsageError(f"{flag}: expected a finite number, got {shown_value(value)}")
     if number < minimum:
         raise ModelbenchUsageError(f"{flag}: must be >= {minimum}, got {shown_value(value)}")
+    if maximum is not None and number > maximum:
+        raise ModelbenchUsageError(
+            f"{flag}: must be at most {maximum:g}, got {shown_value(value)}"
+        )
     if kind is int and number > _MAX_INT:
         raise ModelbenchUsageError(f"{flag}: must be < 2**63, got {shown_value(value)}")
     return number
@@ -539,7 +550,7 @@ class RunOptions:
             env_args=_as_json_object(flag("env_args"), _raw(config, "env_args")),
             sampling_args=_as_json_object(flag("sampling_args"), _raw(config, "sampling_args")),
             max_concurrent=_as_number(
-                flag("max_concurrent"), _raw(config, "max_concurrent"), int, 1
+                flag("max_concurrent"), _raw(config, "max_concurrent"), int, 1, MAX_CONCURRENT
             ),
             request_timeout=_as_number(
                 flag("request_timeout"), _raw(config, "request_timeout"), float, 0.001

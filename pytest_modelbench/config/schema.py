@@ -25,6 +25,13 @@ from pytest_modelbench.secrets import masked_url
 JSONDict = dict[str, Any]
 Name = Annotated[str, StringConstraints(max_length=200)]
 """A name that ends up in item ids and messages (model, variant id, metric...)."""
+MAX_CONCURRENT = 100_000
+"""The most requests in flight per item a model may ask for: far above any engine's batch
+(vLLM's ``max_num_seqs`` is 256 to 1024), so a larger value is a typo."""
+TOO_CONCURRENT = (
+    f"at most {MAX_CONCURRENT} requests in flight (no engine batches more; vLLM's "
+    "max_num_seqs is 256-1024)"
+)
 
 
 class _Strict(BaseModel):
@@ -151,7 +158,11 @@ class ModelSpec(_Strict):
     api_base_url: str | list[str] | None = None
     api_key_var: str | None = None
     api: Literal["chat", "completions"] = "chat"
-    max_concurrent: int = Field(default=32, ge=1)
+    max_concurrent: int = Field(
+        default=32,
+        ge=1,
+        description="requests in flight per item (per server of the model)",
+    )
     timeout: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=6, ge=0)
     retry_backoff: float = Field(default=0.5, ge=0, description="first retry delay in seconds")
@@ -172,6 +183,13 @@ class ModelSpec(_Strict):
     # sampling_args.extra_headers, kept apart: sent with every request, never dumped (so never
     # written to metadata.json, fingerprints or reports)
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("max_concurrent")
+    @classmethod
+    def _servable(cls, value: int) -> int:
+        if value > MAX_CONCURRENT:
+            raise ValueError(TOO_CONCURRENT)
+        return value
 
     @field_validator("api_base_url")
     @classmethod
