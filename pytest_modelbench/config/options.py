@@ -355,9 +355,7 @@ def _as_number(
     if number < minimum:
         raise ModelbenchUsageError(f"{flag}: must be >= {minimum}, got {shown_value(value)}")
     if maximum is not None and number > maximum:
-        raise ModelbenchUsageError(
-            f"{flag}: must be at most {maximum:g}, got {shown_value(value)}"
-        )
+        raise ModelbenchUsageError(f"{flag}: must be at most {maximum:g}, got {shown_value(value)}")
     if kind is int and number > _MAX_INT:
         raise ModelbenchUsageError(f"{flag}: must be < 2**63, got {shown_value(value)}")
     return number
