@@ -336,10 +336,29 @@ class BaselineEntrySpec(_Strict):
             return value.isoformat()
         return value
 
+    @field_validator("run")
+    @classmethod
+    def _a_run_id(cls, value: str | None) -> str | None:
+        """A run id under the runs directory (``runs/<id>``), never a path out of it."""
+        if value is not None and (
+            not value.strip() or value in (".", "..") or "/" in value or "\\" in value
+        ):
+            raise ValueError(
+                "expected a run id (a directory name under the runs directory, e.g. "
+                "'run-20250101-120000'), not a path"
+            )
+        return value
+
     @model_validator(mode="after")
     def _has_a_rule(self) -> BaselineEntrySpec:
         if self.value is None and self.min is None and self.run is None:
             raise ValueError("needs one of 'value' (with optional 'margin'), 'min' or 'run'")
+        if self.run is not None and (self.value is not None or self.min is not None):
+            given = "value" if self.value is not None else "min"
+            raise ValueError(
+                f"'run' and '{given}' are two different gates (a paired test against that run, "
+                f"a fixed number); keep one of them"
+            )
         if self.value is not None and 0 < self.value <= 1 and self.margin >= self.value:
             # a fraction's baseline minus a margin at or past 0: the gate could never fail
             raise ValueError(
