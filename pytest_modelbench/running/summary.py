@@ -7,11 +7,27 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pytest_modelbench.errors import EvaluationError, shown_value
 from pytest_modelbench.gating import stats
 
 
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+def _number(row: Mapping[str, Any], name: str, value: Any) -> float:
+    """A journal row's metric value as a float, or the item's one error line saying which row."""
+    try:
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            return float(value)
+    except ValueError:
+        pass
+    raise EvaluationError(
+        f"results.jsonl: example {str(row.get('example_id'))!r} (rollout "
+        f"{row.get('rollout', 0)}): metric {name!r} is {shown_value(value)}, not a number; "
+        "the journal was edited or written by another tool: delete that line to evaluate "
+        "the example again"
+    )
 
 
 def metric_summary(values_by_example: Mapping[str, Sequence[float]]) -> dict[str, Any]:
@@ -54,7 +70,7 @@ def summarise_rows(
             errors += 1
             continue
         for name, value in (row.get("metrics") or {}).items():
-            by_metric[name][str(row["example_id"])].append(float(value))
+            by_metric[name][str(row["example_id"])].append(_number(row, name, value))
         tokens = row.get("tokens") or {}
         prompt_tokens += tokens.get("prompt") or 0
         completion_tokens += tokens.get("completion") or 0
