@@ -160,6 +160,11 @@ def start_session(config: pytest.Config) -> ModelbenchSession:
             )
     scheduling.register(config, options.dist, lambda: session.active, session.plan_costs)
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check
+    if session.active and is_worker(config):
+        # lazily: only xdist workers of benchmark sessions watch their controller
+        from pytest_modelbench.session.controller_watch import register as watch_controller
+
+        watch_controller(config)  # a kill -9 of the controller stops this worker's item
     return session
 
 
