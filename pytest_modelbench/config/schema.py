@@ -34,6 +34,20 @@ TOO_CONCURRENT = (
 )
 
 
+TOKEN_BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
+"""Two names of one reply budget; a server sent both uses one of them (vLLM: ``max_tokens``)."""
+
+
+def sampling_over(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top``'s sampling args over ``base``'s; a token budget in ``top``, under either name,
+    replaces ``base``'s under both, so one budget is sent and it is ``top``'s."""
+    kept = dict(base)
+    if any(key in top for key in TOKEN_BUDGET_KEYS):
+        for key in TOKEN_BUDGET_KEYS:
+            kept.pop(key, None)
+    return {**kept, **top}
+
+
 class _Strict(BaseModel):
     # numbers must be finite: a timeout, margin or cost of .inf or .nan is a typo, not a setting
     model_config = ConfigDict(
@@ -227,7 +241,7 @@ class ModelSpec(_Strict):
         """A copy with ``args`` (``--sampling-args``) merged over its sampling args and headers;
         ValueError for a malformed ``extra_body``/``extra_headers``."""
         body, headers = split_request_args(args)
-        copy = self.model_copy(update={"sampling_args": {**self.sampling_args, **body}})
+        copy = self.model_copy(update={"sampling_args": sampling_over(self.sampling_args, body)})
         copy._headers = merge_headers(self._headers, headers)
         return copy
 

@@ -15,9 +15,11 @@ from pytest_modelbench.config.loading import display_path
 from pytest_modelbench.config.modules import missing_name
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.config.schema import (
+    TOKEN_BUDGET_KEYS,
     EnvVariantSpec,
     JobFile,
     merge_headers,
+    sampling_over,
     split_request_args,
     url_credentials_error,
 )
@@ -233,7 +235,7 @@ def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
     if options.sampling_args:
         body, headers = _cli_sampling_args(options)
         spec = spec.with_sampling_args({**body, "extra_headers": headers})
-        if "max_tokens" in body:
+        if any(key in body for key in TOKEN_BUDGET_KEYS):
             update["max_tokens"] = None  # --sampling-args beats the model's budget too
     if options.api_base_url:
         update["api_base_url"] = options.api_base_url
@@ -413,7 +415,7 @@ def _with_overrides(variant: Variant, options: RunOptions) -> tuple[Variant, int
         body, headers = _cli_sampling_args(options)
         variant = replace(
             variant,
-            sampling_args={**variant.sampling_args, **body},
+            sampling_args=sampling_over(variant.sampling_args, body),
             extra_headers=merge_headers(variant.extra_headers, headers),
         )
     limit = variant.num_examples

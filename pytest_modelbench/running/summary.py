@@ -55,12 +55,16 @@ def summarise_rows(
     ``rows`` can stream from the journal (a row is not kept after it is counted).
 
     ``truncated`` counts scored replies that ran out of tokens (``finish_reason: length``);
-    ``truncated_in_reasoning`` those of them with no answer yet (still thinking)."""
+    ``truncated_in_reasoning`` those of them with no answer yet (still thinking).
+    ``empty_answers`` counts the other scored replies with no answer, ``answers_in_reasoning``
+    those of them with thinking (a reasoning parser that put the answer there), and
+    ``reasoning_replies`` the replies that came with thinking (the model reasons)."""
     by_metric: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     n_rows = errors = 0
     prompt_tokens = completion_tokens = reasoning_tokens = 0
     reasoning_reported = False
     truncated = truncated_in_reasoning = 0
+    empty_answers = answers_in_reasoning = reasoning_replies = 0
     latency: list[float] = []
     retries = 0
     for row in rows:
@@ -77,9 +81,15 @@ def summarise_rows(
         if row.get("reasoning_tokens") is not None:
             reasoning_reported = True
             reasoning_tokens += int(row["reasoning_tokens"])
+        answered = bool(str(row.get("completion") or "").strip())
+        thought = bool(str(row.get("reasoning") or "").strip()) or bool(row.get("reasoning_tokens"))
+        reasoning_replies += thought
         if row.get("finish_reason") == "length":
             truncated += 1
-            truncated_in_reasoning += not str(row.get("completion") or "").strip()
+            truncated_in_reasoning += not answered
+        elif not answered:
+            empty_answers += 1
+            answers_in_reasoning += thought
         if row.get("latency_s") is not None:
             latency.append(float(row["latency_s"]))
     names = list(dict.fromkeys([*metric_names, *by_metric]))
@@ -98,6 +108,9 @@ def summarise_rows(
         "retries": retries,
         "truncated": truncated,
         "truncated_in_reasoning": truncated_in_reasoning,
+        "empty_answers": empty_answers,
+        "answers_in_reasoning": answers_in_reasoning,
+        "reasoning_replies": reasoning_replies,
         "tokens": token_counts,
         "latency_s": {
             "mean": sum(latency) / len(latency) if latency else None,
