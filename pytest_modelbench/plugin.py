@@ -59,6 +59,7 @@ from pytest_modelbench.config.options import (  # noqa: E402
     RunOptions,
     add_aliases,
     add_options,
+    flag_name,
     without_free_aliases,
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError  # noqa: E402
@@ -232,8 +233,9 @@ def mb_item(request: pytest.FixtureRequest) -> Any:
     """The planned item (model, variant, seed) of this test; parametrized by modelbench."""
     param = getattr(request, "param", None)
     if param is None:
+        flag = flag_name(request.config, "model")  # --mb-model where --model is not ours
         pytest.fail(
-            "mb_item is parametrized by pytest-modelbench; pass --model NAME", pytrace=False
+            f"mb_item is parametrized by pytest-modelbench; pass {flag} NAME", pytrace=False
         )
     return param
 

@@ -506,6 +506,7 @@ class RunOptions:
     correction: str
     dist: str | None  # --mb-dist: None decides by the run (see pytest_modelbench.scheduling)
     allow_weak_sandbox: bool = False  # --mb-allow-weak-sandbox
+    model_flag: str = "--model"  # how messages spell it: --mb-model where --model is not ours
 
     @property
     def selects_items(self) -> bool:
@@ -533,6 +534,7 @@ class RunOptions:
             )
         return cls(
             config_dir=config_dir if config_dir.is_absolute() else root / config_dir,
+            model_flag=flag("model"),
             models=_as_names(flag("model"), "model", _raw(config, "model")),
             api_base_url=_as_url(flag("api_base_url"), _raw(config, "api_base_url")),
             envs=_as_names(flag("env"), "env", _raw(config, "env")),

@@ -174,7 +174,8 @@ def _select_models(
             spec = ModelSpec(model=name)
         else:
             raise ModelbenchUsageError(
-                f"--model: unknown model {name!r}{did_you_mean(name, [*models, *BUILT_IN_MODELS])}; "
+                f"{options.model_flag}: unknown model {name!r}"
+                f"{did_you_mean(name, [*models, *BUILT_IN_MODELS])}; "
                 f"{source} defines: {one_of(models)}. For a model not in that file give an HF id "
                 "(org/name), a local path, or --api-base-url URL"
             )
@@ -344,9 +345,11 @@ def build_plan(
         pairs = _job_pairs(job, config, models, options, source, check_module)
     else:
         if not options.models:
+            flag = options.model_flag
             raise ModelbenchUsageError(
-                f"no model selected: pass --model NAME (configured in {source}: {one_of(models)}), "
-                "--model all, --model smoke, or --mb-config configs/job-<name>.yaml"
+                f"no model selected: pass {flag} NAME (configured in {source}: "
+                f"{one_of(models)}), {flag} all, {flag} smoke, or --mb-config "
+                "configs/job-<name>.yaml"
             )
         pairs = [
             (
