@@ -201,6 +201,8 @@ class ReportWriter:
             current_column=lambda: writer.width_of_current_line,
             width=lambda: _columns(fd, writer.fullwidth),
             flush=writer.flush,
+            # a log at the default interval: lines back off, so they do not pile up
+            backoff=self.mode != "tty" and not self.options.progress_interval,
         )
         self.live.set_planned(_planned(session.items))
         self.live.start()
