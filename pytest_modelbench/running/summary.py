@@ -56,7 +56,7 @@ def summarise_rows(
 
     ``truncated`` counts scored replies that ran out of tokens (``finish_reason: length``);
     ``truncated_in_reasoning`` those of them with no answer yet (still thinking).
-    ``empty_answers`` counts the other scored replies with no answer, ``answers_in_reasoning``
+    ``empty_answers`` counts replies that ended (``stop``) with no answer, ``answers_in_reasoning``
     those of them with thinking (a reasoning parser that put the answer there), and
     ``reasoning_replies`` the replies that came with thinking (the model reasons)."""
     by_metric: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -87,7 +87,9 @@ def summarise_rows(
         if row.get("finish_reason") == "length":
             truncated += 1
             truncated_in_reasoning += not answered
-        elif not answered:
+        elif not answered and row.get("finish_reason") == "stop":
+            # a reply that ended with nothing (stored completions and log-likelihoods have no
+            # finish_reason: they are not counted)
             empty_answers += 1
             answers_in_reasoning += thought
         if row.get("latency_s") is not None:

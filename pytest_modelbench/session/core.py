@@ -151,16 +151,19 @@ class ModelbenchSession:
         from pytest_modelbench.config.loading import load_baseline_file
         from pytest_modelbench.names import safe_component
 
+        files: dict[Path, dict[str, Any]] = {}
         for item in plan.items:
             path = self.config_set.root / "baselines" / f"{safe_component(item.model_name)}.yaml"
-            if not path.is_file():
-                continue
-            entries = load_baseline_file(path)  # (parsed already when the plan was checked)
+            if path not in files:  # (each file was validated when the plan was checked)
+                files[path] = load_baseline_file(path) if path.is_file() else {}
+            entries = files[path]
             key = next((k for k in (item.variant.id, item.env) if k in entries), None)
             metric = entries[key].metric if key is not None else None
+            if metric is None:
+                continue
             suite = getattr(self.backend_for(item.variant.module), "suite", None)
             known = getattr(suite, "metrics", None)
-            if metric is None or not isinstance(known, tuple) or hasattr(suite, "aggregate"):
+            if not isinstance(known, tuple) or hasattr(suite, "aggregate"):
                 continue
             if metric not in known:
                 raise ModelbenchUsageError(
