@@ -19,15 +19,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pytest_modelbench.config.modules import missing_name
+from pytest_modelbench.config.options import MAX_CONCURRENT
 from pytest_modelbench.errors import shown_value
 from pytest_modelbench.secrets import masked_url
 
 JSONDict = dict[str, Any]
 Name = Annotated[str, StringConstraints(max_length=200)]
 """A name that ends up in item ids and messages (model, variant id, metric...)."""
-MAX_CONCURRENT = 100_000
-"""The most requests in flight per item a model may ask for: far above any engine's batch
-(vLLM's ``max_num_seqs`` is 256 to 1024), so a larger value is a typo."""
 TOO_CONCURRENT = (
     f"at most {MAX_CONCURRENT} requests in flight (no engine batches more; vLLM's "
     "max_num_seqs is 256-1024)"
