@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 import pytest
 
+from pytest_modelbench.config.limits import MAX_CONCURRENT
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, is_text, shown_value
 
 Kind = Literal["str", "int", "float", "flag"]
@@ -196,9 +197,6 @@ _BY_DEST = {option.dest: option for option in OPTIONS}
 INI_CONFIG_DIR = "modelbench_configs"
 
 
-MAX_CONCURRENT = 100_000
-"""The most requests in flight per item a model may ask for: far above any engine's batch
-(vLLM's ``max_num_seqs`` is 256 to 1024), so a larger value is a typo."""
 GROUP = "modelbench"
 ALIASES_KEY = pytest.StashKey["Aliases"]()
 

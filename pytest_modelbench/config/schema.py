@@ -18,8 +18,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from pytest_modelbench.config.limits import MAX_CONCURRENT
 from pytest_modelbench.config.modules import missing_name
-from pytest_modelbench.config.options import MAX_CONCURRENT
 from pytest_modelbench.errors import shown_value
 from pytest_modelbench.secrets import masked_url
 
