@@ -744,13 +744,20 @@ class ModelbenchSession:
             from pytest_modelbench.gating.baselines import update_baselines
 
             run_id = self._run_dir.name if self._run_dir else "unknown"
-            self.baselines_written = update_baselines(
-                self.options.config_dir / "baselines",
-                self.records,
-                run_id,
-                replace=self.options.replace_baselines,
-                errors=self.baseline_errors,
-            )
+            try:
+                self.baselines_written = update_baselines(
+                    self.options.config_dir / "baselines",
+                    self.records,
+                    run_id,
+                    replace=self.options.replace_baselines,
+                    errors=self.baseline_errors,
+                )
+            except KeyboardInterrupt:  # each file is written atomically: none is half written
+                self.baseline_errors.append(
+                    "--update-baselines: interrupted; files not yet written are left as they "
+                    "were: re-run the same command (finished items are reused)"
+                )
+                session.exitstatus = pytest.ExitCode.INTERRUPTED
             if self.baseline_errors and session.exitstatus == pytest.ExitCode.OK:
                 # a baseline-refresh job that refreshed nothing must not pass
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -72,3 +72,25 @@ def test_every_entry_kept_writes_nothing_and_says_so(
         ]
     )
     assert path.read_text() == curated and path.stat().st_mtime_ns == before
+
+
+def test_ctrl_c_while_baselines_are_written_is_an_interrupted_run(
+    project: Project, sim: SimServerFactory
+) -> None:
+    configure(project, "http://placeholder", n=10)
+    server = sim(accuracy=1.0, lookup=project.lookup("qa"))
+    configure(project, server.base_url, n=10)
+    (project.root / "conftest.py").write_text(
+        "from pytest_modelbench.gating import baselines\n\n"
+        "def _interrupted(*args, **kwargs):\n"
+        "    raise KeyboardInterrupt\n\n"
+        "baselines.update_baselines = _interrupted\n"
+    )
+    result = project.pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "alpha", "--update-baselines", "--run-id", "r1"
+    )
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, output
+    assert "Traceback" not in output
+    result.stdout.fnmatch_lines(["--update-baselines: interrupted; files not yet written are*"])
+    assert (project.root / "runs" / "r1" / "report.html").exists()  # the reports still are
