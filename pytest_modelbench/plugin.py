@@ -60,6 +60,7 @@ from pytest_modelbench.config.options import (  # noqa: E402
     RunOptions,
     add_aliases,
     add_options,
+    flag_name,
     without_free_aliases,
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError  # noqa: E402
@@ -161,6 +162,11 @@ def start_session(config: pytest.Config) -> ModelbenchSession:
             )
     scheduling.register(config, options.dist, lambda: session.active, session.plan_costs)
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check
+    if session.active and is_worker(config):
+        # lazily: only xdist workers of benchmark sessions watch their controller
+        from pytest_modelbench.session.controller_watch import register as watch_controller
+
+        watch_controller(config)  # a kill -9 of the controller stops this worker's item
     return session
 
 
@@ -228,8 +234,9 @@ def mb_item(request: pytest.FixtureRequest) -> Any:
     """The planned item (model, variant, seed) of this test; parametrized by modelbench."""
     param = getattr(request, "param", None)
     if param is None:
+        flag = flag_name(request.config, "model")  # --mb-model where --model is not ours
         pytest.fail(
-            "mb_item is parametrized by pytest-modelbench; pass --model NAME", pytrace=False
+            f"mb_item is parametrized by pytest-modelbench; pass {flag} NAME", pytrace=False
         )
     return param
 

@@ -74,7 +74,10 @@ if summary=$(verify 2>/dev/null); then
 fi
 
 start=$(date +%s)
-pipi() { "$PY" -m pip install --disable-pip-version-check "$@"; }
+# pip's resolver lists the companions left out above as missing, in an "ERROR" block that reads
+# like a failure: scripts/quiet_pip_conflicts.py makes it one line (other conflicts stay)
+quiet=$(dirname "$0")/quiet_pip_conflicts.py
+pipi() { "$PY" -m pip install --disable-pip-version-check "$@" 2> >("$PY" "$quiet" >&2); }
 
 # 1. torch, CPU build: local wheel directory (find-links) first, then the PyTorch CPU index.
 if ! pipi "torch==$TORCH_VERSION"; then

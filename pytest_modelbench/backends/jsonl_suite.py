@@ -95,6 +95,11 @@ def _read_cached(file: tuple[str, int, int], shown: str, q_field: str, a_field: 
                 answers.append(str(row[a_field]))
     except OSError as exc:
         raise SuiteArgumentError(f"env_args.path: cannot read {shown!r}: {exc.strerror}") from None
+    if not ids:  # else the item ends in "metric 'exact_match' was not computed"
+        raise SuiteArgumentError(
+            f"env_args.path: {shown} has no rows; write one JSON object per line, e.g. "
+            f'{{"id": "q1", "{q_field}": "...", "{a_field}": "..."}}'
+        )
     return _Columns(digest.hexdigest(), tuple(ids), tuple(questions), tuple(answers))
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 import pytest
 
+from pytest_modelbench.config.limits import MAX_CONCURRENT
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, is_text, shown_value
 
 Kind = Literal["str", "int", "float", "flag"]
@@ -363,7 +364,13 @@ def _raw(config: pytest.Config, dest: str) -> Any:
 _MAX_INT = 2**63 - 1
 
 
-def _as_number(flag: str, value: Any, kind: type[int] | type[float], minimum: float) -> Any:
+def _as_number(
+    flag: str,
+    value: Any,
+    kind: type[int] | type[float],
+    minimum: float,
+    maximum: float | None = None,
+) -> Any:
     if value is None:
         return None
     try:
@@ -377,6 +384,8 @@ def _as_number(flag: str, value: Any, kind: type[int] | type[float], minimum: fl
         raise ModelbenchUsageError(f"{flag}: expected a finite number, got {shown_value(value)}")
     if number < minimum:
         raise ModelbenchUsageError(f"{flag}: must be >= {minimum}, got {shown_value(value)}")
+    if maximum is not None and number > maximum:
+        raise ModelbenchUsageError(f"{flag}: must be at most {maximum:g}, got {shown_value(value)}")
     if kind is int and number > _MAX_INT:
         raise ModelbenchUsageError(f"{flag}: must be < 2**63, got {shown_value(value)}")
     return number
@@ -531,6 +540,7 @@ class RunOptions:
     allow_unfinished_baseline: bool = False  # --mb-allow-unfinished-baseline
     update_failed_baselines: bool = False  # --mb-update-failed-baselines
     stop_early: bool = False  # --mb-stop-early
+    model_flag: str = "--model"  # how messages spell it: --mb-model where --model is not ours
 
     @property
     def selects_items(self) -> bool:
@@ -558,6 +568,7 @@ class RunOptions:
             )
         return cls(
             config_dir=config_dir if config_dir.is_absolute() else root / config_dir,
+            model_flag=flag("model"),
             models=_as_names(flag("model"), "model", _raw(config, "model")),
             api_base_url=_as_url(flag("api_base_url"), _raw(config, "api_base_url")),
             envs=_as_names(flag("env"), "env", _raw(config, "env")),
@@ -573,7 +584,7 @@ class RunOptions:
             env_args=_as_json_object(flag("env_args"), _raw(config, "env_args")),
             sampling_args=_as_json_object(flag("sampling_args"), _raw(config, "sampling_args")),
             max_concurrent=_as_number(
-                flag("max_concurrent"), _raw(config, "max_concurrent"), int, 1
+                flag("max_concurrent"), _raw(config, "max_concurrent"), int, 1, MAX_CONCURRENT
             ),
             request_timeout=_as_number(
                 flag("request_timeout"), _raw(config, "request_timeout"), float, 0.001

@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from pytest_modelbench.config.limits import MAX_CONCURRENT
 from pytest_modelbench.config.modules import missing_name
 from pytest_modelbench.errors import shown_value
 from pytest_modelbench.secrets import masked_url
@@ -25,6 +26,24 @@ from pytest_modelbench.secrets import masked_url
 JSONDict = dict[str, Any]
 Name = Annotated[str, StringConstraints(max_length=200)]
 """A name that ends up in item ids and messages (model, variant id, metric...)."""
+TOO_CONCURRENT = (
+    f"at most {MAX_CONCURRENT} requests in flight (no engine batches more; vLLM's "
+    "max_num_seqs is 256-1024)"
+)
+
+
+TOKEN_BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
+"""Two names of one reply budget; a server sent both uses one of them (vLLM: ``max_tokens``)."""
+
+
+def sampling_over(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top``'s sampling args over ``base``'s; a token budget in ``top``, under either name,
+    replaces ``base``'s under both, so one budget is sent and it is ``top``'s."""
+    kept = dict(base)
+    if any(key in top for key in TOKEN_BUDGET_KEYS):
+        for key in TOKEN_BUDGET_KEYS:
+            kept.pop(key, None)
+    return {**kept, **top}
 
 
 class _Strict(BaseModel):
@@ -151,7 +170,11 @@ class ModelSpec(_Strict):
     api_base_url: str | list[str] | None = None
     api_key_var: str | None = None
     api: Literal["chat", "completions"] = "chat"
-    max_concurrent: int = Field(default=32, ge=1)
+    max_concurrent: int = Field(
+        default=32,
+        ge=1,
+        description="requests in flight per item (per server of the model)",
+    )
     timeout: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=6, ge=0)
     retry_backoff: float = Field(default=0.5, ge=0, description="first retry delay in seconds")
@@ -172,6 +195,13 @@ class ModelSpec(_Strict):
     # sampling_args.extra_headers, kept apart: sent with every request, never dumped (so never
     # written to metadata.json, fingerprints or reports)
     _headers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("max_concurrent")
+    @classmethod
+    def _servable(cls, value: int) -> int:
+        if value > MAX_CONCURRENT:
+            raise ValueError(TOO_CONCURRENT)
+        return value
 
     @field_validator("api_base_url")
     @classmethod
@@ -209,7 +239,7 @@ class ModelSpec(_Strict):
         """A copy with ``args`` (``--sampling-args``) merged over its sampling args and headers;
         ValueError for a malformed ``extra_body``/``extra_headers``."""
         body, headers = split_request_args(args)
-        copy = self.model_copy(update={"sampling_args": {**self.sampling_args, **body}})
+        copy = self.model_copy(update={"sampling_args": sampling_over(self.sampling_args, body)})
         copy._headers = merge_headers(self._headers, headers)
         return copy
 
@@ -318,10 +348,29 @@ class BaselineEntrySpec(_Strict):
             return value.isoformat()
         return value
 
+    @field_validator("run")
+    @classmethod
+    def _a_run_id(cls, value: str | None) -> str | None:
+        """A run id under the runs directory (``runs/<id>``), never a path out of it."""
+        if value is not None and (
+            not value.strip() or value in (".", "..") or "/" in value or "\\" in value
+        ):
+            raise ValueError(
+                "expected a run id (a directory name under the runs directory, e.g. "
+                "'run-20250101-120000'), not a path"
+            )
+        return value
+
     @model_validator(mode="after")
     def _has_a_rule(self) -> BaselineEntrySpec:
         if self.value is None and self.min is None and self.run is None:
             raise ValueError("needs one of 'value' (with optional 'margin'), 'min' or 'run'")
+        if self.run is not None and (self.value is not None or self.min is not None):
+            given = "value" if self.value is not None else "min"
+            raise ValueError(
+                f"'run' and '{given}' are two different gates (a paired test against that run, "
+                f"a fixed number); keep one of them"
+            )
         if self.value is not None and 0 < self.value <= 1 and self.margin >= self.value:
             # a fraction's baseline minus a margin at or past 0: the gate could never fail
             raise ValueError(

@@ -385,6 +385,7 @@ def update_baselines(
             )
             _not_written(path, f"cannot read it: {reason}", errors)
             continue
+        changed = False  # every entry kept: the file is left as it is
         for variant, recs in sorted(variants.items()):
             values = [r.score for r in recs if r.score is not None]
             n = sum(r.n for r in recs)
@@ -408,8 +409,11 @@ def update_baselines(
             revision = _git_revision(recs[0].model_path)
             if revision:
                 entry["revision"] = revision
-            for stale in ("min", "run"):
-                entry.pop(stale, None)
+            entry.pop("min", None)  # stale rules of the entry this value replaces
+            entry.pop("run", None)
+            changed = True
+        if not changed:
+            continue
         import io
 
         # lazily: loaded only when baselines are written (pytest start-up)

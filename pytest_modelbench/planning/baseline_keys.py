@@ -13,8 +13,8 @@ from pytest_modelbench.planning.item import PlannedItem
 
 def check_baseline_keys(config: ConfigSet, items: Iterable[PlannedItem]) -> None:
     """Every entry of the planned models' baseline files must name a configured environment or
-    variant (or one this session plans); a file that does not parse is left to the gate, which
-    fails only the items that need it."""
+    variant (or one this session plans), and every entry must be valid: a mistake there is a
+    usage error before anything runs, not a failure found after the item's requests."""
     planned = list(items)
     known = set(config.envs)
     for env, specs in config.envs.items():
@@ -27,10 +27,7 @@ def check_baseline_keys(config: ConfigSet, items: Iterable[PlannedItem]) -> None
         path = config.root / "baselines" / f"{safe_component(model)}.yaml"
         if not path.is_file():
             continue
-        try:
-            entries = load_baseline_file(path)
-        except ModelbenchUsageError:
-            continue
+        entries = load_baseline_file(path)
         for key in entries:
             if key not in known:
                 raise ModelbenchUsageError(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.config import ModelSpec, Variant
+from pytest_modelbench.config.schema import sampling_over
 from pytest_modelbench.names import short_hash
 
 ItemKey = tuple[str, str, str, int]
@@ -34,9 +35,9 @@ class PlannedItem:
 
     def sampling_args(self) -> dict[str, Any]:
         """Model sampling args, overridden by the variant's (CLI overrides are already merged)."""
-        args = {**self.model.sampling_args, **self.variant.sampling_args}
+        args = sampling_over(self.model.sampling_args, self.variant.sampling_args)
         if self.model.max_tokens is not None:  # the model's budget beats the environment's
-            args["max_tokens"] = self.model.max_tokens
+            args = sampling_over(args, {"max_tokens": self.model.max_tokens})
         return args
 
 

@@ -15,9 +15,11 @@ from pytest_modelbench.config.loading import display_path
 from pytest_modelbench.config.modules import missing_name
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.config.schema import (
+    TOKEN_BUDGET_KEYS,
     EnvVariantSpec,
     JobFile,
     merge_headers,
+    sampling_over,
     split_request_args,
     url_credentials_error,
 )
@@ -172,7 +174,8 @@ def _select_models(
             spec = ModelSpec(model=name)
         else:
             raise ModelbenchUsageError(
-                f"--model: unknown model {name!r}{did_you_mean(name, [*models, *BUILT_IN_MODELS])}; "
+                f"{options.model_flag}: unknown model {name!r}"
+                f"{did_you_mean(name, [*models, *BUILT_IN_MODELS])}; "
                 f"{source} defines: {one_of(models)}. For a model not in that file give an HF id "
                 "(org/name), a local path, or --api-base-url URL"
             )
@@ -233,7 +236,7 @@ def _apply_model_overrides(spec: ModelSpec, options: RunOptions) -> ModelSpec:
     if options.sampling_args:
         body, headers = _cli_sampling_args(options)
         spec = spec.with_sampling_args({**body, "extra_headers": headers})
-        if "max_tokens" in body:
+        if any(key in body for key in TOKEN_BUDGET_KEYS):
             update["max_tokens"] = None  # --sampling-args beats the model's budget too
     if options.api_base_url:
         update["api_base_url"] = options.api_base_url
@@ -342,9 +345,11 @@ def build_plan(
         pairs = _job_pairs(job, config, models, options, source, check_module)
     else:
         if not options.models:
+            flag = options.model_flag
             raise ModelbenchUsageError(
-                f"no model selected: pass --model NAME (configured in {source}: {one_of(models)}), "
-                "--model all, --model smoke, or --mb-config configs/job-<name>.yaml"
+                f"no model selected: pass {flag} NAME (configured in {source}: "
+                f"{one_of(models)}), {flag} all, {flag} smoke, or --mb-config "
+                "configs/job-<name>.yaml"
             )
         pairs = [
             (
@@ -413,7 +418,7 @@ def _with_overrides(variant: Variant, options: RunOptions) -> tuple[Variant, int
         body, headers = _cli_sampling_args(options)
         variant = replace(
             variant,
-            sampling_args={**variant.sampling_args, **body},
+            sampling_args=sampling_over(variant.sampling_args, body),
             extra_headers=merge_headers(variant.extra_headers, headers),
         )
     limit = variant.num_examples

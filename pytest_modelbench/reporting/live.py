@@ -6,6 +6,10 @@ on a terminal as one status line kept *below* pytest's current line (erased
 while pytest writes), otherwise as plain lines every ``interval`` seconds for
 CI logs. Output goes to a duplicate of the original stdout descriptor, so it
 is shown even while pytest captures the running test's output.
+
+In a log, lines at the default interval back off (15 s, 30 s, 1 min, ... then every
+5 min) and a line is skipped when no example finished since the last one, so a long run
+does not bury the log in progress lines.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from pytest_modelbench.running.progress import ItemSnapshot, RecordingProgress, read_progress_dir
 
 PREFIX = "[modelbench]"
+LINES_MAX_INTERVAL_S = 300.0  # in a log, the backed-off interval stops growing here
 
 
 @dataclass(frozen=True)
@@ -199,9 +204,14 @@ class LiveProgress:
         current_column: Callable[[], int] = lambda: 0,
         width: Callable[[], int] = lambda: 80,
         flush: Callable[[], None] = lambda: None,
+        backoff: bool = False,
     ) -> None:
+        """``backoff``: each wait is twice the one before, up to :data:`LINES_MAX_INTERVAL_S`
+        (a log at the default interval; an interval the user gave is kept)."""
         self.mode = mode
         self.interval_s = interval_s
+        self.backoff = backoff
+        self._last_done: int | None = None  # examples done at the last line written
         self.fd = fd
         self.local = local
         self.directory = directory
@@ -244,8 +254,18 @@ class LiveProgress:
         if self.directory is not None:
             _remove_tree(self.directory)
 
+    def intervals(self) -> Iterator[float]:
+        """The waits between ticks."""
+        wait = self.interval_s
+        while True:
+            yield wait
+            if self.backoff:
+                wait = max(wait, min(wait * 2, LINES_MAX_INTERVAL_S))
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        for wait in self.intervals():
+            if self._stop.wait(wait):
+                return
             try:
                 self.tick()
             except Exception:
@@ -274,7 +294,8 @@ class LiveProgress:
                 return
             if self.mode == "tty":
                 self._draw(status_line(view, max(20, self.width() - 1)))
-            else:
+            elif view.examples_done != self._last_done:  # a log: only lines that say more
+                self._last_done = view.examples_done
                 self._write_lines(plain_lines(view))
 
     # -- output ------------------------------------------------------------------------------

@@ -424,8 +424,12 @@ def write_parquet_if_changed(
         pass
     write_parquet(run, path, pickers=pickers, on_row=on_row, prepared=prepared)
     tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
-    tmp.write_text(key)
-    os.replace(tmp, sidecar)
+    try:
+        tmp.write_text(key)
+        os.replace(tmp, sidecar)
+    except BaseException:  # a full disk, Ctrl-C: no .tmp left beside the reports
+        tmp.unlink(missing_ok=True)
+        raise
     return True
 
 
@@ -451,30 +455,34 @@ def write_parquet(
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    count = 0
-    with pq.ParquetWriter(str(tmp), schema) as writer:
-        batch: list[bytes] = []
-        for index, item in enumerate(run.items):
-            picker = (pickers or {}).get(item.item_id)
-            item_part = item_line(run.run_id, item)
-            for ready in _prepared_rows(run, item, prepared):
+    try:
+        count = 0
+        with pq.ParquetWriter(str(tmp), schema) as writer:
+            batch: list[bytes] = []
+            for index, item in enumerate(run.items):
+                picker = (pickers or {}).get(item.item_id)
+                item_part = item_line(run.run_id, item)
+                for ready in _prepared_rows(run, item, prepared):
+                    if picker is not None:
+                        picker.add_prepared(ready)
+                    if on_row is not None:
+                        on_row(index, item, ready)
+                    batch.append(parquet_line(item_part, ready.line))
+                    if len(batch) >= batch_rows:
+                        writer.write_table(_arrow_table(batch, schema))
+                        count += len(batch)
+                        batch = []
                 if picker is not None:
-                    picker.add_prepared(ready)
-                if on_row is not None:
-                    on_row(index, item, ready)
-                batch.append(parquet_line(item_part, ready.line))
-                if len(batch) >= batch_rows:
-                    writer.write_table(_arrow_table(batch, schema))
-                    count += len(batch)
-                    batch = []
-            if picker is not None:
-                picker.close(run.run_id)
-        if batch:
-            writer.write_table(_arrow_table(batch, schema))
-            count += len(batch)
-        elif count == 0:
-            writer.write_table(pa.Table.from_batches([], schema=schema))
-    os.replace(tmp, path)
+                    picker.close(run.run_id)
+            if batch:
+                writer.write_table(_arrow_table(batch, schema))
+                count += len(batch)
+            elif count == 0:
+                writer.write_table(pa.Table.from_batches([], schema=schema))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no .tmp left beside the reports
+        tmp.unlink(missing_ok=True)
+        raise
     return count
 
 
@@ -523,14 +531,21 @@ def write_csv(run: RunData, path: Path) -> int:
     header = [c for c in COLUMN_NAMES if c != "metrics"] + [f"metric:{m}" for m in metric_names]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        for row in rows:
-            flat = [row[c] for c in COLUMN_NAMES if c != "metrics"]
-            writer.writerow(
-                ["" if v is None else v for v in flat]
-                + ["" if row["metrics"].get(m) is None else row["metrics"][m] for m in metric_names]
-            )
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            for row in rows:
+                flat = [row[c] for c in COLUMN_NAMES if c != "metrics"]
+                writer.writerow(
+                    ["" if v is None else v for v in flat]
+                    + [
+                        "" if row["metrics"].get(m) is None else row["metrics"][m]
+                        for m in metric_names
+                    ]
+                )
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no .tmp left beside the reports
+        tmp.unlink(missing_ok=True)
+        raise
     return len(rows)

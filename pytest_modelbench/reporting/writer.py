@@ -14,7 +14,7 @@ import sys
 import uuid
 from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import pytest
 
@@ -50,13 +50,25 @@ class SessionView(Protocol):
     def plan(self) -> Plan: ...
 
 
+class WrittenReports(NamedTuple):
+    """What a report pass wrote."""
+
+    paths: list[Path]
+    """The reports written, ``report.html`` first."""
+    note: str | None
+    """One line about a report skipped or not written, or None."""
+    failed: bool = False
+    """A report could not be written (a full disk, an unreadable journal): the session's exit
+    status says so; a report skipped on purpose (no pyarrow) is not a failure."""
+
+
 def write_run_reports(
     run_dir: Path,
     records: list[EvalResult] | None,
     examples: int,
     outcomes: Mapping[str, str] | None = None,
     digests: Digests | None = None,
-) -> tuple[list[Path], str | None]:
+) -> WrittenReports:
     """All run-directory reports; returns (paths written, note about what was skipped).
     ``digests``: the rows of journals read while their items ran."""
     # lazily: report builders load only at session end (pytest start-up)
@@ -77,6 +89,7 @@ def write_run_reports(
     pickers = {item.item_id: FailingPicker(item, examples) for item in run.items}
     embedded = EmbeddedExamples()
     note = None
+    failed = False
     try:
         # kept when unchanged
         prepared = functools.partial(digests.prepared, run) if digests is not None else None
@@ -90,9 +103,10 @@ def write_run_reports(
     except Exception as exc:  # disk full, unreadable journal, Arrow error: the other reports
         # are still written, and the failure is one line of the summary
         parquet, note = [], f"{PARQUET_NAME} not written: {type(exc).__name__}: {exc}"
+        failed = True
     picked = {key: p.picked for key, p in pickers.items() if p.picked is not None}
     report = write_report(run, examples=examples, picked=picked, packed=embedded.packed)
-    return [report, *write_leaderboards(run), *parquet], note
+    return WrittenReports([report, *write_leaderboards(run), *parquet], note, failed)
 
 
 class ReportWriter:
@@ -109,6 +123,7 @@ class ReportWriter:
         self._digests: Digests | None = None  # journals read while their items run
         self._item_ids: frozenset[str] | None = None
         self._store: RunStore | None = None  # the run's store, once an item started
+        self._session: pytest.Session | None = None  # set at session end (its exit status)
         self.mode = "off"
         self.local: RecordingProgress | None = None
         if is_worker(config):
@@ -186,6 +201,8 @@ class ReportWriter:
             current_column=lambda: writer.width_of_current_line,
             width=lambda: _columns(fd, writer.fullwidth),
             flush=writer.flush,
+            # a log at the default interval: lines back off, so they do not pile up
+            backoff=self.mode != "tty" and not self.options.progress_interval,
         )
         self.live.set_planned(_planned(session.items))
         self.live.start()
@@ -264,7 +281,8 @@ class ReportWriter:
         return param if param in self._item_ids else None
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_sessionfinish(self) -> Generator[None, Any, Any]:
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, Any, Any]:
+        self._session = session
         self._stop_live()
         result = yield
         self._write_reports()  # after every plain impl: Holm has re-decided the verdicts
@@ -282,19 +300,36 @@ class ReportWriter:
         records = self.session.records
         if not records:
             return
+        failed: pytest.ExitCode | None = None
         try:
-            self._written, self._note = write_run_reports(
+            self._written, self._note, not_all = write_run_reports(
                 self.session.run_dir,
                 records,
                 self.options.report_examples,
                 self.session.outcomes,
                 self._digests,
             )
+            failed = pytest.ExitCode.TESTS_FAILED if not_all else None
         except OSError as exc:
             self._note = f"reports not written: {exc}"
+            failed = pytest.ExitCode.TESTS_FAILED
+        except KeyboardInterrupt:  # Ctrl-C while they are written: pytest's interrupted run
+            self._note = (
+                f"reports not written: interrupted; 'modelbench report "
+                f"{self.session.run_dir.name}' writes them"
+            )
+            failed = pytest.ExitCode.INTERRUPTED
         finally:
             if self._digests is not None:
                 self._digests.close()
+        session = self._session
+        # a CI job must not pass without its reports (a full disk is exit 1, not 0)
+        if (
+            failed is not None
+            and session is not None
+            and (failed == pytest.ExitCode.INTERRUPTED or session.exitstatus == pytest.ExitCode.OK)
+        ):
+            session.exitstatus = failed
 
     @pytest.hookimpl(trylast=True)  # after the session's summary table
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from pytest_modelbench.running.pool import EndpointPool, RequestFailed, Stream, error_status
+from pytest_modelbench.secrets import redact
 
 T = TypeVar("T")
 
@@ -51,6 +52,13 @@ _DROPPED = frozenset(
         "accept-encoding",
     }
 )
+
+
+def _redacted(body: bytes) -> bytes:
+    """An upstream error body without any key or token in it (``secrets.redact``)."""
+    text = body.decode("utf-8", "replace")
+    shown = redact(text)
+    return body if shown == text else shown.encode()
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -184,9 +192,11 @@ class Router:
                 if isinstance(reply, Stream):
                     return await _relay(request, reply)
                 failed = error_status(reply.body) if reply.status == 200 else None
+                status = failed or reply.status  # a 200 that is an error: the tool sees one
                 return web.Response(
-                    status=failed or reply.status,  # a 200 that is an error: the tool sees one
-                    body=reply.body,
+                    status=status,
+                    # an error body may echo the key the gateway got: the tool logs it
+                    body=_redacted(reply.body) if status >= 400 else reply.body,
                     headers={"Content-Type": reply.headers.get("Content-Type", "application/json")},
                 )
         except RequestFailed as exc:

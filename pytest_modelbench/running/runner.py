@@ -203,28 +203,38 @@ async def run_lanes(
 ) -> None:
     """Run ``one`` on every unit with ``capacity()`` lanes, followed as it changes: lanes are
     added within ``GROW_EVERY_S`` when it grows, and lanes over it end after their current
-    unit when it shrinks. ``stopped()``: take no more units (the endpoint is gone)."""
+    unit when it shrinks. ``stopped()``: take no more units (the endpoint is gone).
+
+    A lane is started with the unit it runs first, so there are never more lanes than units
+    left: a ``max_concurrent`` far above an item's examples costs nothing."""
     lanes: set[asyncio.Task[None]] = set()
     running = 0  # lanes still taking units
     exhausted = False
 
-    async def lane() -> None:
+    async def lane(unit: tuple[Example, int]) -> None:
         nonlocal running, exhausted
         try:
-            while not stopped() and running <= capacity():
-                unit = next(units, None)  # shared iterator: each unit is taken exactly once
-                if unit is None:
+            while True:
+                await one(*unit)
+                if stopped() or running > capacity():
+                    return
+                following = next(units, None)  # shared iterator: each unit is taken once
+                if following is None:
                     exhausted = True
                     return
-                await one(*unit)
+                unit = following
         finally:
             running -= 1
 
     def grow() -> None:
-        nonlocal running
+        nonlocal running, exhausted
         while not exhausted and not stopped() and running < capacity():
+            unit = next(units, None)
+            if unit is None:
+                exhausted = True
+                return
             running += 1
-            lanes.add(asyncio.create_task(lane()))
+            lanes.add(asyncio.create_task(lane(unit)))
 
     grow()
     try:

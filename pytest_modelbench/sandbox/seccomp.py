@@ -19,6 +19,7 @@ filter, and the summary's ``sandbox`` record says so.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import tempfile
@@ -96,10 +97,9 @@ def program_filter(spawn: bool) -> bytes | None:
         built.add_rule(refuse, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
     for flag in CLONE_NEW_FLAGS:  # threads and processes, but no new namespaces
         built.add_rule(refuse, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
-    try:  # clone3 passes its flags in memory a filter cannot read: as if the kernel lacked it
+    # clone3 passes its flags in memory a filter cannot read: as if the kernel lacked it
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
         built.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
-    except (OSError, ValueError, RuntimeError):
-        pass
     with tempfile.TemporaryFile() as handle:
         built.export_bpf(handle)
         handle.seek(0)

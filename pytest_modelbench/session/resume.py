@@ -23,7 +23,7 @@ from pytest_modelbench.scheduling.tokens import ObservedTokens, read_tokens, wri
 from pytest_modelbench.session.core import SESSION_KEY
 from pytest_modelbench.session.lastfailed import LastFailedRecorder
 from pytest_modelbench.store.records import PROPERTY_PREFIX
-from pytest_modelbench.store.runstore import resolve_run_ref
+from pytest_modelbench.store.runstore import ItemStore, resolve_run_ref
 from pytest_modelbench.workers import is_worker
 
 FLUSH_S = 2.0  # the memories are written at most this often while items finish
@@ -54,9 +54,17 @@ class ResumePlugin:
     # trylast: after the session's own hook has taken in the item's record (its summary)
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        shown = dict(report.user_properties)  # the item's mb_* properties (JUnit's view)
+        if report.when == "setup" and report.failed:
+            # an item that ended in error (over its error budget) still measured the tokens
+            # of the replies it got
+            item_id = shown.get(PROPERTY_PREFIX + "item")
+            if isinstance(item_id, str):
+                self._remember_tokens(item_id)
+                self._flush(force=False)
+            return
         if report.when != "call":
             return
-        shown = dict(report.user_properties)  # the item's mb_* properties (JUnit's view)
         item_id, seconds = (
             shown.get(PROPERTY_PREFIX + "item"),
             shown.get(PROPERTY_PREFIX + "duration_s"),
@@ -110,9 +118,9 @@ class ResumePlugin:
         if mb is None or not mb.records or mb.records[-1].item_id != item_id:
             return  # not a benchmark item's first report (a second test of it: already seen)
         record = mb.records[-1]
-        observed = ObservedTokens.from_summary(
-            record.model, record.env, record.variant, record.summary
-        )
+        # an item that ended in error has no record of its own: its summary.json, when written
+        summary = record.summary or ItemStore(record.directory).read_summary() or {}
+        observed = ObservedTokens.from_summary(record.model, record.env, record.variant, summary)
         if observed is None:
             return
         if self._tokens is None:

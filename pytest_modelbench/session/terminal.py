@@ -152,6 +152,7 @@ def write_summary_table(reporter: Any, records: Sequence[EvalResult], run_dir: P
 
 MAX_LISTED = 5
 TRUNCATION_WARN = 0.05  # warn when more than this share of an item's replies ran out of tokens
+# (or ended with no answer)
 
 
 def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> None:
@@ -162,6 +163,10 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
         if result.error is None and replies and result.truncated / replies > TRUNCATION_WARN:
             reporter.write_line(
                 f"warning: {result.item_id}: {result.truncation_note()}", yellow=True
+            )
+        if result.error is None and replies and result.empty_answers / replies > TRUNCATION_WARN:
+            reporter.write_line(
+                f"warning: {result.item_id}: {result.empty_answer_note()}", yellow=True
             )
 
 

@@ -94,9 +94,34 @@ class EvalResult:
         replies = int(self.summary.get("n_scored") or self.summary.get("n_rows") or 0)
         thinking = int(self.summary.get("truncated_in_reasoning") or 0)
         during = f", {thinking} while still thinking" if thinking else ""
+        # reasoning_effort is advice only for a model that reasons (one that sent thinking)
+        reasons = thinking or int(self.summary.get("reasoning_replies") or 0)
         return (
             f"{self.truncated} of {replies} replies were truncated "
-            f"(finish_reason length{during}): raise max_tokens or lower reasoning_effort"
+            f"(finish_reason length{during}): raise max_tokens"
+            + (" or lower reasoning_effort" if reasons else "")
+        )
+
+    @property
+    def empty_answers(self) -> int:
+        """Replies that ended (not cut off) with no answer: scored 0 whatever the model knew."""
+        return int(self.summary.get("empty_answers") or 0)
+
+    def empty_answer_note(self) -> str:
+        """``"7 of 200 replies had no answer (...)"``, with the likely cause; "" when none."""
+        if not self.empty_answers:
+            return ""
+        replies = int(self.summary.get("n_scored") or self.summary.get("n_rows") or 0)
+        in_reasoning = int(self.summary.get("answers_in_reasoning") or 0)
+        if in_reasoning:
+            return (
+                f"{self.empty_answers} of {replies} replies had no answer, {in_reasoning} of "
+                "them only thinking (content null, finish_reason stop): is the server's "
+                "reasoning parser the model's own? (vllm serve --reasoning-parser)"
+            )
+        return (
+            f"{self.empty_answers} of {replies} replies had no answer (finish_reason stop, "
+            "empty content): each scored 0; look at them in report.html"
         )
 
     # -- the record on disk --------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_modelbench.testing.fixtures import SimServerFactory
-from tests.conftest import Project, configure, manifest
+from tests.conftest import Project, configure, manifest, one_usage_error
 from tests.resume.conftest import clean_env
 
 CONFTEST_ENV = """
@@ -171,3 +171,25 @@ def test_option_values_are_not_taken_for_test_directories(pytester: pytest.Pytes
         result.assert_outcomes(passed=1)
     finally:
         (pytester.path.parent / "conftest.py").unlink()
+
+
+CONFTEST_MODEL = """
+def pytest_addoption(parser):
+    parser.addoption("--model", action="store", help="Juju model to use")
+"""
+
+
+def test_messages_name_mb_model_where_a_conftest_owns_model(project: Project) -> None:
+    """Issue 43: "pass --model NAME" would send the user to the conftest's option."""
+    configure(project, "http://127.0.0.1:9/v1", n=3)
+    project.pytester.makeconftest(CONFTEST_MODEL)
+    line = one_usage_error(project)
+    assert line.startswith(
+        "ERROR: no model selected: pass --mb-model NAME (configured in configs/models.yaml: "
+        "alpha), --mb-model all, --mb-model smoke, or --mb-config"
+    )
+    unknown = project.pytester.runpytest("benchmarks/", "--mb-model", "alpah", "--collect-only")
+    assert unknown.ret == pytest.ExitCode.USAGE_ERROR
+    unknown.stderr.fnmatch_lines(
+        ["ERROR: --mb-model: unknown model 'alpah' (did you mean 'alpha'?)*"]
+    )

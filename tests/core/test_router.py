@@ -187,3 +187,27 @@ def test_a_200_that_is_an_error_reaches_the_tool_as_one(error: dict[str, Any], s
 
     got, _, body = asyncio.run(go())
     assert got == status and json.loads(body)["error"]["message"] == error["message"]
+
+
+@pytest.mark.parametrize("status", [401, 200], ids=["error-status", "200-with-error"])
+def test_an_upstream_error_body_reaches_the_tool_redacted(status: int) -> None:
+    """Issue 43: a gateway that echoes the key it got; lm-eval and verifiers log error bodies."""
+    key = "sk-endpoint-key-1234567890"
+    echoed = json.dumps(
+        {"error": {"message": f"Incorrect API key provided: {key}", "code": 401}}
+    ).encode()
+
+    def gateway(seen: Seen) -> bytes:
+        return http(MODELS) if seen.target.endswith("/models") else http(echoed, status)
+
+    async def go() -> tuple[int, str, bytes]:
+        async with (
+            RawServer(gateway) as server,
+            endpoint(server.url(), key=key).asingle_url(timeout_s=5, max_retries=0) as base,
+        ):
+            return await post(f"{base}/chat/completions", chat("q"))
+
+    got, _, body = asyncio.run(go())
+    assert got == 401
+    assert key not in body.decode()
+    assert json.loads(body)["error"]["message"] == "Incorrect API key provided: [REDACTED]"

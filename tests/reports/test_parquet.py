@@ -249,7 +249,8 @@ def test_a_failed_parquet_write_still_leaves_the_other_reports(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(rows, "write_parquet_if_changed", broken)
-    paths, note = write_run_reports(run_dir, None, examples=5)
+    paths, note, failed = write_run_reports(run_dir, None, examples=5)
+    assert failed
     assert [p.name for p in paths][:1] == ["report.html"] and (run_dir / "report.html").exists()
     assert "results.parquet" not in [p.name for p in paths]
     assert note == "results.parquet not written: OSError: [Errno 28] No space left on device"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -14,8 +15,18 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.reporting.live import format_duration, session_view, status_line
-from pytest_modelbench.running.progress import FileProgress, ItemSnapshot, read_progress_dir
+from pytest_modelbench.reporting.live import (
+    LiveProgress,
+    format_duration,
+    session_view,
+    status_line,
+)
+from pytest_modelbench.running.progress import (
+    FileProgress,
+    ItemSnapshot,
+    RecordingProgress,
+    read_progress_dir,
+)
 from tests.conftest import Project, configure
 
 SESSION_LINE = "[[]modelbench] items */2 · examples */* * req/s · * tok/s · ETA *"
@@ -225,3 +236,33 @@ def test_progress_files_round_trip(tmp_path: Path) -> None:
     sink.finish()
     (item,) = read_progress_dir(tmp_path)
     assert item.finished and json.loads((tmp_path / "gw0.json").read_text())["worker"] == "gw0"
+
+
+def _log_lines(live: LiveProgress, read_end: int) -> list[str]:
+    os.close(live.fd)
+    text = b""
+    while chunk := os.read(read_end, 65536):
+        text += chunk
+    return [line for line in text.decode().splitlines() if line.startswith("[modelbench] items")]
+
+
+def test_log_lines_back_off_and_skip_ticks_where_nothing_finished() -> None:
+    """Issue 43: a 5-minute run wrote 20 progress lines into a CI log."""
+    local = RecordingProgress()
+    local.start("alpha-qa-seed0", 100, 0)
+    read_end, write_end = os.pipe()
+    live = LiveProgress("lines", 15.0, write_end, local, None, backoff=True)
+    assert list(itertools.islice(live.intervals(), 8)) == [15, 30, 60, 120, 240, 300, 300, 300]
+    live.tick()
+    live.tick()  # nothing finished since the last line: no new line
+    local.advance()
+    live.tick()
+    assert len(_log_lines(live, read_end)) == 2
+
+
+def test_an_interval_the_user_gives_is_kept() -> None:
+    read_end, write_end = os.pipe()
+    live = LiveProgress("lines", 0.2, write_end, RecordingProgress(), None)
+    assert list(itertools.islice(live.intervals(), 3)) == [0.2, 0.2, 0.2]
+    os.close(write_end)
+    os.close(read_end)

@@ -187,3 +187,23 @@ def test_summaries_without_token_counts_teach_nothing() -> None:
     assert seen({"tokens": {"prompt": 40, "completion": 560}, "n_scored": 0}) is None
     assert seen({"n_scored": 2}) is None
     assert seen({"tokens": {"prompt": "x", "completion": 5}, "n_scored": 2}) is None
+
+
+def test_an_item_that_ended_in_error_is_remembered_too(project: Project, sim: Any) -> None:
+    """Issue 43: an item over its error budget used tokens for the replies it got; the next
+    plan uses them, as for a finished item."""
+    configure(project, "http://placeholder", n=20)
+    server = sim(lookup=project.lookup("qa"), accuracy=1.0, faults={"error_5xx": 0.5}, seed=3)
+    configure(project, server.base_url, n=20, max_retries=0)
+    ran = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-error-budget", "0")
+    ran.assert_outcomes(errors=1)
+    (run_dir,) = project.run_dirs()
+    summary = json.loads((run_dir / "alpha-qa-seed0" / "summary.json").read_text())
+    assert summary["status"] == "error" and summary["n_scored"] > 0
+    seen = (summary["tokens"]["prompt"] + summary["tokens"]["completion"]) / summary["n_scored"]
+    after = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--collect-only")
+    assert plan_row(after, "alpha-qa-seed0")[5:] == [
+        f"{round(seen):,}",
+        f"{round(20 * seen):,}",
+        OBSERVED,
+    ]
