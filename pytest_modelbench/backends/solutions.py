@@ -395,6 +395,7 @@ class SolutionsOrSuite:
     """A suite's backend that scores solution files instead when the item's model has them."""
 
     selects_by_example = True  # both keep results per example
+    stops_early = True  # --mb-stop-early: the suite's loop stops; solution files are all scored
 
     def __init__(self, suites: SuiteBackend) -> None:
         self.suites = suites

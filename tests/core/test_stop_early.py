@@ -122,3 +122,19 @@ def test_holm_splits_alpha_over_the_family() -> None:
     rule = value_rule(0.65, 0.0, 0.05 / 20)
     assert isinstance(rule, StopRule)
     assert rule.alpha_regression == pytest.approx(0.05 * 0.2 / 20)
+
+
+def test_a_backend_with_its_own_loop_runs_to_the_end_and_says_so() -> None:
+    """lm-eval and verifiers run their own loop: no rule is handed to them, one warning says so."""
+    from types import SimpleNamespace
+
+    from pytest_modelbench.evaluation.evaluate import ItemEvaluator, StopEarlyWarning
+
+    rule = value_rule(0.65, 0.0, 0.05)
+    evaluator = SimpleNamespace(stop_rule_for=lambda item, metric: rule)
+    item = SimpleNamespace(item_id="lm-toy-seed42")
+    own_loop = SimpleNamespace(name="lm_eval")
+    with pytest.warns(StopEarlyWarning, match="lm-toy-seed42: --mb-stop-early: the lm_eval "):
+        assert ItemEvaluator._stop_rule(evaluator, item, own_loop, "acc") is None  # type: ignore[arg-type]
+    suite = SimpleNamespace(name="jsonl", stops_early=True)
+    assert ItemEvaluator._stop_rule(evaluator, item, suite, "acc") is rule  # type: ignore[arg-type]
