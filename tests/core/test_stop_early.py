@@ -131,7 +131,7 @@ def test_a_backend_with_its_own_loop_runs_to_the_end_and_says_so() -> None:
     from pytest_modelbench.evaluation.evaluate import ItemEvaluator, StopEarlyWarning
 
     rule = value_rule(0.65, 0.0, 0.05)
-    evaluator = SimpleNamespace(stop_rule_for=lambda item, metric: rule)
+    evaluator = SimpleNamespace(stop_rule_for=lambda *_: rule)
     item = SimpleNamespace(item_id="lm-toy-seed42")
     own_loop = SimpleNamespace(name="lm_eval")
     with pytest.warns(StopEarlyWarning, match="lm-toy-seed42: --mb-stop-early: the lm_eval "):
