@@ -134,6 +134,13 @@ OPTIONS: tuple[Option, ...] = (
         "flag",
     ),
     Option(
+        "--mb-require-same-setup",
+        "require_same_setup",
+        "fail an item whose baseline was measured under another setup (engine version, GPUs, "
+        "dtype, token budget...)",
+        "flag",
+    ),
+    Option(
         "--mb-update-failed-baselines",
         "update_failed_baselines",
         "let --update-baselines write the scores of items that failed their gate",
@@ -523,6 +530,7 @@ class RunOptions:
     baseline_model: str | None = None  # --mb-baseline-model
     allow_unfinished_baseline: bool = False  # --mb-allow-unfinished-baseline
     update_failed_baselines: bool = False  # --mb-update-failed-baselines
+    require_same_setup: bool = False  # --mb-require-same-setup
 
     @property
     def selects_items(self) -> bool:
@@ -582,6 +590,7 @@ class RunOptions:
             baseline_model=_raw(config, "baseline_model"),
             allow_unfinished_baseline=bool(_raw(config, "allow_unfinished_baseline")),
             update_failed_baselines=bool(_raw(config, "update_failed_baselines")),
+            require_same_setup=bool(_raw(config, "require_same_setup")),
         )
 
 

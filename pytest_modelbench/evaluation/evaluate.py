@@ -24,6 +24,7 @@ from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.evaluation.endpoints import EndpointManager, IdentityUnknown
 from pytest_modelbench.evaluation.reuse import Reuse, decide, seedable, stored_unchecked
+from pytest_modelbench.evaluation.setup import run_setup
 from pytest_modelbench.planning.fingerprint import (
     FINGERPRINT_VERSION,
     digest,
@@ -35,6 +36,7 @@ from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
+from pytest_modelbench.store.setup import SetupRecord
 
 
 def versions() -> dict[str, str]:
@@ -207,7 +209,10 @@ class ItemEvaluator:
         *,
         from_store: bool,
         endpoint_checked: bool = True,
+        setup: SetupRecord | None = None,
     ) -> EvalResult:
+        if setup is None and from_store:  # read back: the setup that produced those results
+            setup = EvalResult.stored_setup(directory)
         return EvalResult(
             item_id=item.item_id,
             model=item.model_name,
@@ -220,6 +225,7 @@ class ItemEvaluator:
             from_store=from_store,
             recompute_reason=reason,
             endpoint_checked=endpoint_checked,
+            setup=setup,
         )
 
     def _seed(
@@ -285,13 +291,47 @@ class ItemEvaluator:
         if decision.action is Reuse.SEED:
             seeded, reason = self._seed(item, item_store, fingerprint, parts)
             if seeded is not None:
-                return self._result(item, metric, seeded, item_store.directory, from_store=True)
+                source = self.restart_source()
+                setup = (
+                    EvalResult.stored_setup(source / item_store.directory.name) if source else None
+                )
+                return self._result(
+                    item, metric, seeded, item_store.directory, from_store=True, setup=setup
+                )
         if reason and (journal_exists or summary):
             item_store.journal.discard("forced" if self.options.force else "stale")
             item_store.clear_summary()
         item_store.begin(_metadata(item, fingerprint, parts))
         summary = self._run(item, backend, item_store, metric, fingerprint)
-        return self._result(item, metric, summary, item_store.directory, reason, from_store=False)
+        setup = self._setup(item, parts, endpoint, item_store, summary)
+        return self._result(
+            item, metric, summary, item_store.directory, reason, from_store=False, setup=setup
+        )
+
+    def _setup(
+        self,
+        item: PlannedItem,
+        parts: Mapping[str, Any],
+        identity: Mapping[str, Any] | None,
+        item_store: ItemStore,
+        summary: Mapping[str, Any],
+    ) -> SetupRecord | None:
+        """The setup this item was just evaluated under (see ``evaluation/setup.py``); None
+        when it cannot be read (a checkpoint's files gone), which is never a failure."""
+        base_urls: tuple[str, ...] = ()
+        if not item.model.solutions:
+            with contextlib.suppress(EvaluationError):
+                base_urls = self.endpoints.endpoint_for(item).base_urls
+        try:
+            return run_setup(
+                item,
+                parts["backend"],
+                base_urls=base_urls,
+                identity=identity,
+                rows=item_store.selected_rows(summary),
+            )
+        except OSError:
+            return None
 
     def _unchecked(
         self,

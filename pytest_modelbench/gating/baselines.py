@@ -25,6 +25,7 @@ from pytest_modelbench.gating import gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
+from pytest_modelbench.store.setup import SetupRecord, compare_setups
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Reference:
     scores: dict[str, float]
     model: str | None = None  # the reference's model, when it is not this item's
     unfinished: int | None = None  # rows of an unfinished item (--mb-allow-unfinished-baseline)
+    setup: SetupRecord | None = None  # the setup saved with the reference item's record
 
 
 class BaselineBook:
@@ -49,6 +51,7 @@ class BaselineBook:
         alpha: float = gates.DEFAULT_ALPHA,
         baseline_model: str | None = None,
         allow_unfinished: bool = False,
+        require_same_setup: bool = False,
     ) -> None:
         self.baseline_dir = baseline_dir
         self.runs_parent = runs_parent
@@ -57,6 +60,7 @@ class BaselineBook:
         self.alpha = alpha
         self.baseline_model = baseline_model  # --mb-baseline-model
         self.allow_unfinished = allow_unfinished  # --mb-allow-unfinished-baseline
+        self.require_same_setup = require_same_setup  # --mb-require-same-setup
         self._files: dict[str, dict[str, BaselineEntrySpec]] = {}
 
     def path_for(self, model: str) -> Path:
@@ -113,6 +117,7 @@ class BaselineBook:
             scores,
             model=model if model != result.model else None,
             unfinished=None if finished else len(rows),
+            setup=EvalResult.stored_setup(item.directory),
         )
 
     def _reference_item(
@@ -209,7 +214,14 @@ class BaselineBook:
             verdict = gates.gate_with_errors(rule, current, rows, errored)
         else:
             verdict = rule.evaluate(current, None if isinstance(rule, gates.MinRule) else rows)
-        return gates.require_decided(verdict) if self.require else verdict
+        verdict = gates.require_decided(verdict) if self.require else verdict
+        baseline_setup = (
+            reference.setup
+            if reference is not None
+            else SetupRecord.from_json(spec.setup if spec else None)
+        )
+        difference = compare_setups(result.setup, baseline_setup).line
+        return gates.with_setup(verdict, difference, require=self.require_same_setup)
 
     def _check_range(
         self, spec: BaselineEntrySpec, where: str, result: EvalResult, metric: str
@@ -343,6 +355,11 @@ def update_baselines(
             revision = _git_revision(recs[0].model_path)
             if revision:
                 entry["revision"] = revision
+            setup = recs[0].setup
+            if setup is not None:  # what produced the value, compared before later verdicts
+                entry["setup"] = setup.to_json()
+            else:
+                entry.pop("setup", None)
             for stale in ("min", "run"):
                 entry.pop(stale, None)
         import io

@@ -17,6 +17,7 @@ from pytest_modelbench.names import checkpoint_of, safe_component
 from pytest_modelbench.store.files import read_json
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import MANIFEST, RunStore
+from pytest_modelbench.store.setup import SetupRecord
 
 LEADERBOARD_JSON = "leaderboard.json"
 
@@ -73,6 +74,7 @@ class ItemRecord:
     fingerprint: str = ""
     path: str = ""  # item directory name inside the run directory
     gate: Mapping[str, Any] | None = field(default=None, compare=False)
+    setup: SetupRecord | None = field(default=None, compare=False)  # what produced the scores
 
     @property
     def tokens(self) -> int:
@@ -145,6 +147,7 @@ def _result_fields(result: EvalResult, outcome: str) -> dict[str, Any]:
         "message": result.message,
         "from_store": result.from_store,
         "outcome": outcome,
+        "setup": result.setup,
     }
     return out
 

@@ -440,6 +440,7 @@ class ModelbenchSession:
                 baseline_run=self.options.baseline_run,
                 baseline_model=self.options.baseline_model,
                 allow_unfinished=self.options.allow_unfinished_baseline,
+                require_same_setup=self.options.require_same_setup,
             )
         return self._book
 
@@ -612,12 +613,14 @@ class ModelbenchSession:
         from pytest_modelbench.session.terminal import (
             write_markdown_summary,
             write_recomputed,
+            write_setup_differences,
             write_summary_table,
             write_truncation_warnings,
         )
 
         write_summary_table(terminalreporter, self.records, self._run_dir)
         write_truncation_warnings(terminalreporter, self.records)
+        write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
         for message in self.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)

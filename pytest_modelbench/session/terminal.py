@@ -162,6 +162,15 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
             )
 
 
+def write_setup_differences(reporter: Any, records: Sequence[EvalResult]) -> None:
+    """One line per item whose baseline was measured under another setup (an engine version,
+    GPUs, a token budget): a score compared across setups may move for that alone."""
+    for result in _ordered(records):
+        verdict = result.verdict
+        if verdict is not None and verdict.setup_differs:
+            reporter.write_line(f"{result.item_id}: {verdict.setup_differs}", yellow=True)
+
+
 def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path) -> None:
     """Which items were read back from the store instead of evaluated, from which run, when."""
     stored = [r for r in _ordered(records) if r.from_store and r.error is None]
@@ -204,6 +213,10 @@ def write_markdown_summary(path: Path, records: Sequence[EvalResult], run_dir: P
         cells = _row(result)
         del cells[7]  # errors: not in the step summary
         lines.append(f"| {' | '.join([*cells, result.verdict_text])} |")
+    differing = [r for r in _ordered(records) if r.verdict and r.verdict.setup_differs]
+    if differing:
+        lines.append("")
+        lines += [f"- {r.item_id}: {r.verdict.setup_differs}" for r in differing if r.verdict]
     if run_dir is not None:
         lines += ["", f"Run store: `{run_dir.name}`"]
     with path.open("a", encoding="utf-8") as handle:

@@ -31,7 +31,8 @@ class GateVerdict:
     (``n_worse``/``n_better``) and list a few ids of each; ``reference_model`` names
     the reference's model when it is another checkpoint, and ``reference_unfinished``
     counts the rows of an unfinished reference item compared under
-    ``--mb-allow-unfinished-baseline``. An item with errored rows (timeouts, 5xx after
+    ``--mb-allow-unfinished-baseline``. ``setup_differs`` says how the baseline was measured
+    under another setup (an engine version, GPUs, a token budget). An item with errored rows (timeouts, 5xx after
     retries) is gated with them counted wrong (``value`` is then that score), so errors never
     turn a fail into a pass; ``value_errors_right`` is the score with them counted right, and
     ``errors_decide`` marks an item that only the errors fail (inconclusive: a failure).
@@ -71,6 +72,9 @@ class GateVerdict:
     errors_excluded: int = 0  # errored rows the score leaves out; the gate counted them wrong
     value_errors_right: float | None = None  # the score with those rows counted right
     errors_decide: bool = False  # fails with them counted wrong, passes counted right
+    setup_differs: str = ""  # how the baseline's setup differs from this run's (store/setup.py)
+    setup_required: bool = False  # --mb-require-same-setup: a setup difference fails the item
+    setup_failed: bool = False  # the test passed; the setup difference failed it
 
     # 2: delta_ci_low/high, delta_confidence, undecidable; exact and score tests, not z
     SCHEMA_VERSION: ClassVar[int] = 2
