@@ -23,6 +23,7 @@ from pytest_modelbench.config.schema import BaselineEntrySpec
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.gating import gates
 from pytest_modelbench.names import safe_component
+from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 from pytest_modelbench.store.setup import SetupRecord, compare_setups
@@ -78,6 +79,22 @@ class BaselineBook:
             if key in entries:
                 return entries[key], key
         return None, ""
+
+    def planned_baseline_setup(self, item: PlannedItem) -> SetupRecord | None:
+        """Before a run (``--collect-only``): the setup of ``item``'s baseline, from its baseline
+        file or from the same item of the run it names (``--baseline-run``, ``run:``); None when
+        unknown or the file is broken (the run will say why)."""
+        try:
+            entries = self.entries(item.model_name)
+        except ModelbenchUsageError:
+            return None
+        spec = entries.get(item.variant.id) or entries.get(item.env)
+        run_id = self.baseline_run or (spec.run if spec else None)
+        if run_id:
+            return EvalResult.stored_setup(
+                RunStore(self.runs_parent / run_id).item(item.item_id).directory
+            )
+        return SetupRecord.from_json(spec.setup) if spec is not None else None
 
     def reference_scores(self, run_id: str, result: EvalResult, metric: str) -> Reference:
         """Per-example scores (mean over rollouts) of the same variant and seed in run

@@ -344,9 +344,17 @@ class ModelbenchSession:
             self._reserve_gpus()
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.session.terminal import write_plan
+            from pytest_modelbench.gating.baselines import BaselineBook
+            from pytest_modelbench.session.terminal import write_plan, write_planned_setups
 
             write_plan(session.config, self._selected, self.backend_for)
+            parent, _ = self._run_parent()
+            book = BaselineBook(
+                self.options.config_dir / "baselines",
+                parent,
+                baseline_run=self.options.baseline_run,
+            )  # reads baseline files and reference runs only
+            write_planned_setups(session.config, self._selected, book)
 
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:

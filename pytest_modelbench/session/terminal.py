@@ -162,6 +162,33 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
             )
 
 
+def write_planned_setups(config: pytest.Config, items: Sequence[PlannedItem], book: Any) -> None:
+    """``--collect-only``: the items whose baseline was measured under another setup than the
+    one planned, as far as the plan knows it (serving args, GPU count, weights, chat template,
+    sampling, budget; not the engine's version or the GPU model, known once a server runs)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    # lazily: loaded only when this runs, not at every pytest start-up
+    from pytest_modelbench.evaluation.setup import planned_setup
+    from pytest_modelbench.store.setup import compare_setups
+
+    lines = []
+    for item in items:
+        baseline = book.planned_baseline_setup(item)
+        if baseline is None:
+            continue
+        line = compare_setups(planned_setup(item), baseline, ("baseline", "planned")).line
+        if line:
+            lines.append(f"{item.item_id}: {line}")
+    if lines:
+        reporter.write_line(
+            f"{len(lines)} item(s) planned under another setup than their baseline:"
+        )
+        for line in lines:
+            reporter.write_line(f"  {line}", yellow=True)
+
+
 def write_setup_differences(reporter: Any, records: Sequence[EvalResult]) -> None:
     """One line per item whose baseline was measured under another setup (an engine version,
     GPUs, a token budget): a score compared across setups may move for that alone."""

@@ -83,3 +83,27 @@ def test_a_reference_run_carries_its_setup(project: Project, sim: SimServerFacto
     changed.stdout.fnmatch_lines(
         ["*vs run ref*fails under --mb-require-same-setup: setup differs (system_fingerprint)*"]
     )
+
+
+def test_collect_only_lists_items_planned_under_another_setup(
+    project: Project, sim: SimServerFactory
+) -> None:
+    configure(project, "http://placeholder", n=10)
+    server = sim(accuracy=1.0, lookup=project.lookup("qa"), version="0.32.0")
+    configure(project, server.base_url, n=10, max_tokens=64)
+    project.pytester.runpytest(*ARGS, "--update-baselines", "--run-id", "r1").assert_outcomes(
+        passed=1
+    )
+    unchanged = project.pytester.runpytest(*ARGS, "--collect-only")
+    assert "another setup" not in unchanged.stdout.str()
+
+    configure(project, server.base_url, n=10, max_tokens=32)  # a budget cut, known before a run
+    planned = project.pytester.runpytest(*ARGS, "--collect-only")
+    planned.stdout.fnmatch_lines(
+        [
+            "1 item(s) planned under another setup than their baseline:",
+            "  alpha-qa-seed0: setup differs (max_tokens): baseline: endpoint 0.32.0, "
+            "max_tokens 64; planned: endpoint, max_tokens 32",
+        ]
+    )
+    assert not (project.root / "runs" / "r2").exists()
