@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from pytest_modelbench.cli import main
 from pytest_modelbench.testing.fixtures import SimServerFactory
 from tests.conftest import Project, configure
 
@@ -107,3 +109,35 @@ def test_collect_only_lists_items_planned_under_another_setup(
         ]
     )
     assert not (project.root / "runs" / "r2").exists()
+
+
+def test_compare_shows_the_setup_diff_above_the_scores(
+    project: Project, sim: SimServerFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure(project, "http://placeholder", n=10)
+    server = sim(accuracy=1.0, lookup=project.lookup("qa"), fingerprint="fp_a", version="0.32.0")
+    configure(project, server.base_url, n=10)
+    project.pytester.runpytest(*ARGS, "--run-id", "a").assert_outcomes(passed=1)
+    server.reconfigure(fingerprint="fp_b", version="0.33.0")
+    project.pytester.runpytest(*ARGS, "--run-id", "b").assert_outcomes(passed=1)
+    capsys.readouterr()
+
+    assert main(["compare", "a", "b", "--run-dir", str(project.root / "runs")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    setup = (
+        "  alpha qa: setup differs (engine_version, system_fingerprint): A: endpoint 0.32.0, "
+        "system_fingerprint fp_a; B: endpoint 0.33.0, system_fingerprint fp_b"
+    )
+    assert "setup differences (can change outputs):" in lines and setup in lines
+    header = next(i for i, line in enumerate(lines) if line.startswith("variant"))
+    assert lines.index(setup) < header  # above the score diff
+
+    assert (
+        main(["compare", "a", "b", "--run-dir", str(project.root / "runs"), "--format", "json"])
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["setup_differences"] == [setup.strip()]
+
+    assert main(["compare", "a", "a", "--run-dir", str(project.root / "runs")]) == 0
+    assert "setup differ" not in capsys.readouterr().out
