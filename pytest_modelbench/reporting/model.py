@@ -92,12 +92,16 @@ class ItemRecord:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["gate"] = dict(self.gate) if self.gate is not None else None
+        data["setup"] = self.setup.to_json() if self.setup is not None else None
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ItemRecord:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        setup = data.get("setup")  # a record, or its JSON form (leaderboard.json)
+        values["setup"] = setup if isinstance(setup, SetupRecord) else SetupRecord.from_json(setup)
+        return cls(**values)
 
 
 def _sandbox_text(sandbox: Any) -> str:

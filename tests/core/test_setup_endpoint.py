@@ -60,6 +60,7 @@ def test_an_endpoint_whose_build_changes(project: Project, sim: SimServerFactory
     (item,) = [p for p in (project.root / "runs" / "r2").iterdir() if p.is_dir()]
     verdict = json.loads((item / "result.json").read_text())["verdict"]
     assert verdict["setup_differs"] == line and verdict["passed"]
+    assert line in (project.root / "runs" / "r2" / "report.html").read_text()
 
     third = project.pytester.runpytest(*ARGS, "--run-id", "r3", "--mb-require-same-setup")
     third.assert_outcomes(failed=1)
