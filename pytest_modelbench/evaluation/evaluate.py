@@ -24,7 +24,7 @@ from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.evaluation.endpoints import EndpointManager, IdentityUnknown
 from pytest_modelbench.evaluation.reuse import Reuse, decide, seedable, stored_unchecked
-from pytest_modelbench.evaluation.setup import run_setup
+from pytest_modelbench.evaluation.setup import reported_version, run_setup
 from pytest_modelbench.planning.fingerprint import (
     FINGERPRINT_VERSION,
     digest,
@@ -145,6 +145,7 @@ class ItemEvaluator:
         self.progress = progress or NullProgress()
         self._restart_source: Path | bool | None = False  # False: not resolved yet
         self._manifest_items: dict[str, Any] | None = None  # snapshot, for _settle_manifest
+        self._versions: dict[tuple[str, ...], str | None] = {}  # base URLs -> GET /version
 
     def evaluate(self, item: PlannedItem) -> EvalResult:
         """The item's result: read back, continued or computed; a served model whose server
@@ -317,18 +318,20 @@ class ItemEvaluator:
         summary: Mapping[str, Any],
     ) -> SetupRecord | None:
         """The setup this item was just evaluated under (see ``evaluation/setup.py``); None
-        when it cannot be read (a checkpoint's files gone), which is never a failure."""
-        base_urls: tuple[str, ...] = ()
-        if not item.model.solutions:
-            with contextlib.suppress(EvaluationError):
-                base_urls = self.endpoints.endpoint_for(item).base_urls
+        when it cannot be read (a checkpoint's files gone), which is never a failure. The
+        server's ``/version`` is asked once per server; the journal is read again only for an
+        external endpoint (the answers' ``system_fingerprint``)."""
+        base_urls = self.endpoints.base_urls_of(item)
+        if base_urls not in self._versions:
+            self._versions[base_urls] = reported_version(base_urls)
+        external = bool(item.model.api_base_url) and not item.model.solutions
         try:
             return run_setup(
                 item,
                 parts["backend"],
-                base_urls=base_urls,
+                version=self._versions[base_urls],
                 identity=identity,
-                rows=item_store.selected_rows(summary),
+                rows=item_store.selected_rows(summary) if external else (),
             )
         except OSError:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -98,12 +99,12 @@ def run_setup(
     item: PlannedItem,
     backend_parts: Mapping[str, Any],
     *,
-    base_urls: Iterable[str] = (),
+    version: str | None = None,
     identity: Mapping[str, Any] | None = None,
     rows: Iterable[Mapping[str, Any]] = (),
 ) -> SetupRecord:
-    """The setup an item was evaluated under: :func:`planned_setup`, with what the server at
-    ``base_urls`` reports (``/version``), the external endpoint's ``identity`` (its model
+    """The setup an item was evaluated under: :func:`planned_setup`, with the ``version`` its
+    server reported (:func:`reported_version`), the external endpoint's ``identity`` (its model
     card's root), the ``system_fingerprint`` of its answered ``rows``, and NVML's GPUs for a
     model served here."""
     planned = planned_setup(item, backend_parts)
@@ -111,7 +112,6 @@ def run_setup(
         {str(r["system_fingerprint"]) for r in rows if r.get("system_fingerprint")}
     )
     card = (identity or {}).get("model") or {}
-    version = _reported_version(base_urls)
     changes: dict[str, Any] = {
         "engine_version": version,
         "system_fingerprint": ",".join(fingerprints) or None,
@@ -138,7 +138,7 @@ def _installed_engine() -> str | None:
     return next((v for v in map(_version, _ENGINE_PACKAGES) if v), None)
 
 
-def _reported_version(base_urls: Iterable[str]) -> str | None:
+def reported_version(base_urls: Iterable[str]) -> str | None:
     """What ``GET /version`` answers at the server's root (vLLM and SGLang serve it):
     ``{"version": "0.11.0"}``; None when nothing answers it."""
     for base in base_urls:
@@ -203,11 +203,20 @@ def _weights(item: PlannedItem) -> str | None:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     h = hashlib.sha256()
     for file in files[:500]:
-        size = file.stat().st_size
-        h.update(f"{file.relative_to(path) if file != path else file.name}:{size}\n".encode())
-        if size <= _SMALL_FILE:
-            h.update(file.read_bytes())
+        stat = file.stat()
+        h.update(
+            f"{file.relative_to(path) if file != path else file.name}:{stat.st_size}\n".encode()
+        )
+        if stat.st_size <= _SMALL_FILE:
+            h.update(_content_digest((str(file), stat.st_size, stat.st_mtime_ns)))
     return f"files {h.hexdigest()[:20]}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _content_digest(version: tuple[str, int, int]) -> bytes:
+    """A small file's sha256, read once per version of it (path, size, mtime): every item of
+    a model asks."""
+    return hashlib.sha256(Path(version[0]).read_bytes()).digest()
 
 
 def _chat_template(item: PlannedItem) -> str | None:

@@ -111,7 +111,7 @@ def test_nvml_facts_of_the_visible_gpus(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_version_nobody_reports_is_unknown() -> None:
-    assert gather._reported_version(["http://127.0.0.1:9/v1"]) is None
+    assert gather.reported_version(["http://127.0.0.1:9/v1"]) is None
 
 
 def test_only_fields_both_sides_know_are_compared() -> None:
