@@ -31,8 +31,7 @@ class GateVerdict:
     (``n_worse``/``n_better``) and list a few ids of each; ``reference_model`` names
     the reference's model when it is another checkpoint, and ``reference_unfinished``
     counts the rows of an unfinished reference item compared under
-    ``--mb-allow-unfinished-baseline``. ``setup_differs`` says how the baseline was measured
-    under another setup (an engine version, GPUs, a token budget). An item with errored rows (timeouts, 5xx after
+    ``--mb-allow-unfinished-baseline``. An item with errored rows (timeouts, 5xx after
     retries) is gated with them counted wrong (``value`` is then that score), so errors never
     turn a fail into a pass; ``value_errors_right`` is the score with them counted right, and
     ``errors_decide`` marks an item that only the errors fail (inconclusive: a failure).
