@@ -24,7 +24,9 @@ def _setup(run: Path) -> dict[str, Any]:
     return setup
 
 
-def test_an_endpoint_whose_build_changes(project: Project, sim: SimServerFactory) -> None:
+def test_an_endpoint_whose_build_changes(
+    project: Project, sim: SimServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     configure(project, "http://placeholder", n=10)
     server = sim(accuracy=1.0, lookup=project.lookup("qa"), fingerprint="fp_a", version="0.32.0")
     configure(project, server.base_url, n=10, sampling_args={"temperature": 0.0}, max_tokens=64)
@@ -47,6 +49,8 @@ def test_an_endpoint_whose_build_changes(project: Project, sim: SimServerFactory
     assert baseline["qa"]["setup"] == recorded  # --update-baselines writes it beside the value
 
     server.reconfigure(fingerprint="fp_b")  # the provider redeployed: same name, new build
+    step_summary = project.root / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
     second = project.pytester.runpytest(*ARGS, "--run-id", "r2", "--junitxml", "junit.xml")
     second.assert_outcomes(passed=1)
     line = (
@@ -61,6 +65,8 @@ def test_an_endpoint_whose_build_changes(project: Project, sim: SimServerFactory
     verdict = json.loads((item / "result.json").read_text())["verdict"]
     assert verdict["setup_differs"] == line and verdict["passed"]
     assert line in (project.root / "runs" / "r2" / "report.html").read_text()
+    assert f"- alpha-qa-seed0: {line}" in step_summary.read_text()
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")
 
     third = project.pytester.runpytest(*ARGS, "--run-id", "r3", "--mb-require-same-setup")
     third.assert_outcomes(failed=1)
