@@ -135,6 +135,13 @@ OPTIONS: tuple[Option, ...] = (
         "flag",
     ),
     Option(
+        "--mb-require-same-setup",
+        "require_same_setup",
+        "fail an item whose baseline was measured under another setup (engine version, GPUs, "
+        "dtype, token budget...)",
+        "flag",
+    ),
+    Option(
         "--mb-update-failed-baselines",
         "update_failed_baselines",
         "let --update-baselines write the scores of items that failed their gate",
@@ -541,6 +548,7 @@ class RunOptions:
     update_failed_baselines: bool = False  # --mb-update-failed-baselines
     stop_early: bool = False  # --mb-stop-early
     model_flag: str = "--model"  # how messages spell it: --mb-model where --model is not ours
+    require_same_setup: bool = False  # --mb-require-same-setup
 
     @property
     def selects_items(self) -> bool:
@@ -602,6 +610,7 @@ class RunOptions:
             allow_unfinished_baseline=bool(_raw(config, "allow_unfinished_baseline")),
             update_failed_baselines=bool(_raw(config, "update_failed_baselines")),
             stop_early=bool(_raw(config, "stop_early")),
+            require_same_setup=bool(_raw(config, "require_same_setup")),
         )
 
 

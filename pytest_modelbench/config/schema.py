@@ -339,6 +339,7 @@ class BaselineEntrySpec(_Strict):
     run_id: str | None = None
     date: str | None = None
     revision: str | None = None
+    setup: JSONDict | None = None  # what produced the value (store.setup.SetupRecord)
 
     @field_validator("date", mode="before")
     @classmethod

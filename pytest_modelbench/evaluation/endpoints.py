@@ -65,6 +65,7 @@ class EndpointManager:
         self._urls: dict[tuple[tuple[str, ...], str], UrlSet] = {}  # live URL sets
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
+        self._served: dict[str, tuple[str, ...]] = {}  # model -> its server's URL (base_urls_of)
 
     def urls(self, base_urls: tuple[str, ...], served_model: str) -> UrlSet:
         """The live URL set of a model at ``base_urls``, shared by every item of this worker
@@ -106,6 +107,7 @@ class EndpointManager:
                 "set api_base_url in models.yaml or pass --api-base-url URL"
             )
         base_url, served = self.serving.ensure(item)
+        self._served[item.model_name] = (base_url,)
         live = self.urls((base_url,), served)
         self.serving.share(live)  # replicas of this server join the set
         return Endpoint(
@@ -120,6 +122,18 @@ class EndpointManager:
             urls=live,
             headers=request_headers(item),
         )
+
+    def base_urls_of(self, item: PlannedItem) -> tuple[str, ...]:
+        """Where the item's requests went, without starting anything: the external endpoint's
+        URLs, or the URL of the server this worker started for its model; () for solution
+        files or a server not started here."""
+        spec = item.model
+        if spec.solutions:
+            return ()
+        if spec.api_base_url:
+            urls = (spec.api_base_url,) if isinstance(spec.api_base_url, str) else spec.api_base_url
+            return tuple(u.rstrip("/") for u in urls)
+        return self._served.get(item.model_name, ())
 
     def identity(self, item: PlannedItem) -> dict[str, Any] | IdentityUnknown | None:
         """For an external endpoint, what answers there: its URLs and what ``/v1/models`` says of

@@ -25,6 +25,7 @@ from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.evaluation.endpoints import EndpointManager, IdentityUnknown
 from pytest_modelbench.evaluation.reuse import Reuse, decide, seedable, stored_unchecked
+from pytest_modelbench.evaluation.setup import reported_version, run_setup
 from pytest_modelbench.planning.fingerprint import (
     FINGERPRINT_VERSION,
     digest,
@@ -36,6 +37,7 @@ from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
+from pytest_modelbench.store.setup import SetupRecord
 
 if TYPE_CHECKING:
     from pytest_modelbench.gating.early import StopRule
@@ -153,6 +155,7 @@ class ItemEvaluator:
         # --mb-stop-early: the item's stop rule from its baseline (set by the session)
         self.stop_rule_for: Callable[[PlannedItem, str], StopRule | None] | None = None
         self._manifest_items: dict[str, Any] | None = None  # snapshot, for _settle_manifest
+        self._versions: dict[tuple[str, ...], str | None] = {}  # base URLs -> GET /version
 
     def evaluate(self, item: PlannedItem) -> EvalResult:
         """The item's result: read back, continued or computed; a served model whose server
@@ -217,7 +220,10 @@ class ItemEvaluator:
         *,
         from_store: bool,
         endpoint_checked: bool = True,
+        setup: SetupRecord | None = None,
     ) -> EvalResult:
+        if setup is None and from_store:  # read back: the setup that produced those results
+            setup = EvalResult.stored_setup(directory)
         return EvalResult(
             item_id=item.item_id,
             model=item.model_name,
@@ -230,6 +236,7 @@ class ItemEvaluator:
             from_store=from_store,
             recompute_reason=reason,
             endpoint_checked=endpoint_checked,
+            setup=setup,
         )
 
     def _seed(
@@ -297,13 +304,49 @@ class ItemEvaluator:
         if decision.action is Reuse.SEED:
             seeded, reason = self._seed(item, item_store, fingerprint, parts)
             if seeded is not None:
-                return self._result(item, metric, seeded, item_store.directory, from_store=True)
+                source = self.restart_source()
+                setup = (
+                    EvalResult.stored_setup(source / item_store.directory.name) if source else None
+                )
+                return self._result(
+                    item, metric, seeded, item_store.directory, from_store=True, setup=setup
+                )
         if reason and (journal_exists or summary):
             item_store.journal.discard("forced" if self.options.force else "stale")
             item_store.clear_summary()
         item_store.begin(_metadata(item, fingerprint, parts))
         summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
-        return self._result(item, metric, summary, item_store.directory, reason, from_store=False)
+        setup = self._setup(item, parts, endpoint, item_store, summary)
+        return self._result(
+            item, metric, summary, item_store.directory, reason, from_store=False, setup=setup
+        )
+
+    def _setup(
+        self,
+        item: PlannedItem,
+        parts: Mapping[str, Any],
+        identity: Mapping[str, Any] | None,
+        item_store: ItemStore,
+        summary: Mapping[str, Any],
+    ) -> SetupRecord | None:
+        """The setup this item was just evaluated under (see ``evaluation/setup.py``); None
+        when it cannot be read (a checkpoint's files gone), which is never a failure. The
+        server's ``/version`` is asked once per server; the journal is read again only for an
+        external endpoint (the answers' ``system_fingerprint``)."""
+        base_urls = self.endpoints.base_urls_of(item)
+        if base_urls not in self._versions:
+            self._versions[base_urls] = reported_version(base_urls)
+        external = bool(item.model.api_base_url) and not item.model.solutions
+        try:
+            return run_setup(
+                item,
+                parts["backend"],
+                version=self._versions[base_urls],
+                identity=identity,
+                rows=item_store.selected_rows(summary) if external else (),
+            )
+        except OSError:
+            return None
 
     def _stop_rule(self, item: PlannedItem, backend: Backend, metric: str) -> StopRule | None:
         """``--mb-stop-early``'s rule for the item; a backend that runs its own loop (lm-eval,

@@ -24,8 +24,10 @@ from pytest_modelbench.config.schema import BaselineEntrySpec
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.gating import early, gates
 from pytest_modelbench.names import safe_component
+from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
+from pytest_modelbench.store.setup import SetupRecord, compare_setups
 
 
 class ItemKeys(Protocol):
@@ -61,6 +63,7 @@ class Reference:
     scores: dict[str, float]
     model: str | None = None  # the reference's model, when it is not this item's
     unfinished: int | None = None  # rows of an unfinished item (--mb-allow-unfinished-baseline)
+    setup: SetupRecord | None = None  # the setup saved with the reference item's record
 
 
 class BaselineBook:
@@ -77,6 +80,7 @@ class BaselineBook:
         baseline_model: str | None = None,
         allow_unfinished: bool = False,
         stop_early: bool = False,
+        require_same_setup: bool = False,
     ) -> None:
         self.baseline_dir = baseline_dir
         self.runs_parent = runs_parent
@@ -86,6 +90,7 @@ class BaselineBook:
         self.baseline_model = baseline_model  # --mb-baseline-model
         self.allow_unfinished = allow_unfinished  # --mb-allow-unfinished-baseline
         self.stop_early = stop_early  # --mb-stop-early: the fixed-n gate gets what it leaves
+        self.require_same_setup = require_same_setup  # --mb-require-same-setup
         self._files: dict[str, dict[str, BaselineEntrySpec]] = {}
 
     def path_for(self, model: str) -> Path:
@@ -103,6 +108,22 @@ class BaselineBook:
             if key in entries:
                 return entries[key], key
         return None, ""
+
+    def planned_baseline_setup(self, item: PlannedItem) -> SetupRecord | None:
+        """Before a run (``--collect-only``): the setup of ``item``'s baseline, from its baseline
+        file or from the same item of the run it names (``--baseline-run``, ``run:``); None when
+        unknown or the file is broken (the run will say why)."""
+        try:
+            entries = self.entries(item.model_name)
+        except ModelbenchUsageError:
+            return None
+        spec = entries.get(item.variant.id) or entries.get(item.env)
+        run_id = self.baseline_run or (spec.run if spec else None)
+        if run_id:
+            return EvalResult.stored_setup(
+                RunStore(self.runs_parent / run_id).item(item.item_id).directory
+            )
+        return SetupRecord.from_json(spec.setup) if spec is not None else None
 
     def reference_scores(self, run_id: str, result: ItemKeys, metric: str) -> Reference:
         """Per-example scores (mean over rollouts) of the same variant and seed in run
@@ -142,6 +163,7 @@ class BaselineBook:
             scores,
             model=model if model != result.model else None,
             unfinished=None if finished else len(rows),
+            setup=EvalResult.stored_setup(item.directory),
         )
 
     def _reference_item(
@@ -274,7 +296,14 @@ class BaselineBook:
             verdict = gates.gate_with_errors(rule, current, rows, errored)
         else:
             verdict = rule.evaluate(current, None if isinstance(rule, gates.MinRule) else rows)
-        return gates.require_decided(verdict) if self.require else verdict
+        verdict = gates.require_decided(verdict) if self.require else verdict
+        baseline_setup = (
+            reference.setup
+            if reference is not None
+            else SetupRecord.from_json(spec.setup if spec else None)
+        )
+        difference = compare_setups(result.setup, baseline_setup).line
+        return gates.with_setup(verdict, difference, require=self.require_same_setup)
 
     def _check_range(
         self, spec: BaselineEntrySpec, where: str, result: EvalResult, metric: str
@@ -409,6 +438,11 @@ def update_baselines(
             revision = _git_revision(recs[0].model_path)
             if revision:
                 entry["revision"] = revision
+            setup = recs[0].setup
+            if setup is not None:  # what produced the value, compared before later verdicts
+                entry["setup"] = setup.to_json()
+            else:
+                entry.pop("setup", None)
             entry.pop("min", None)  # stale rules of the entry this value replaces
             entry.pop("run", None)
             changed = True

@@ -768,7 +768,10 @@ def holm_adjust_verdicts(
                 p_adjusted=p_adj,
                 correction="holm",
                 alpha=verdicts[i].alpha if alpha is None else alpha,
-                passed=p_adj >= (verdicts[i].alpha if alpha is None else alpha),
+                passed=p_adj >= (verdicts[i].alpha if alpha is None else alpha)
+                and not verdicts[i].setup_required,
+                setup_failed=p_adj >= (verdicts[i].alpha if alpha is None else alpha)
+                and verdicts[i].setup_required,
             )
         )
     return out
@@ -862,9 +865,37 @@ def _errors_text(v: GateVerdict) -> str:
 
 def _render(v: GateVerdict) -> str:
     """The one-paragraph message for a verdict (see STYLE.md for the shape)."""
+    tested = dataclasses.replace(v, passed=True) if v.setup_failed else v
     if v.stopped_at is not None:
-        return _stopped_text(v) + (f" ({v.baseline_path})" if v.baseline_path else "")
-    return _render_verdict(v) + _errors_text(v)
+        where = f" ({v.baseline_path})" if v.baseline_path else ""
+        return _stopped_text(tested) + where + _setup_text(v)
+    return _render_verdict(tested) + _errors_text(tested) + _setup_text(v)
+
+
+def _setup_text(v: GateVerdict) -> str:
+    """``; setup differs (engine_version): baseline: vllm 0.32.0, ...; this run: ...``, and
+    whether ``--mb-require-same-setup`` failed the item for it."""
+    if not v.setup_differs:
+        return ""
+    if v.setup_required:
+        return f"; fails under --mb-require-same-setup: {v.setup_differs}"
+    return f"; {v.setup_differs}"
+
+
+def with_setup(verdict: GateVerdict, difference: str, *, require: bool = False) -> GateVerdict:
+    """The verdict with the setup difference (a line of ``store.setup.compare_setups``) in its
+    paragraph; under ``--mb-require-same-setup`` a difference fails the item."""
+    if not difference:
+        return verdict
+    return _finish(
+        dataclasses.replace(
+            verdict,
+            setup_differs=difference,
+            setup_required=require,
+            setup_failed=require and verdict.passed,
+            passed=verdict.passed and not require,
+        )
+    )
 
 
 def _render_verdict(v: GateVerdict) -> str:

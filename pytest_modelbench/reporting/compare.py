@@ -19,6 +19,7 @@ from pytest_modelbench.gating import stats
 from pytest_modelbench.reporting.leaderboard import cells, score_table, win_rates
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.reporting.rows import item_rows, row_score
+from pytest_modelbench.store.setup import compare_setups
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,14 @@ class Comparison:
     deltas: tuple[PairedDelta, ...]
     win_rates: tuple[tuple[str, float | None], ...]  # (contender, mean win rate), best first
     note: str = ""
+    setup_differences: tuple[str, ...] = ()  # "model variant: setup differs (...): ..." lines
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "run_a": self.run_a,
             "run_b": self.run_b,
             "note": self.note,
+            "setup_differences": list(self.setup_differences),
             "deltas": [d.as_dict() for d in self.deltas],
             "win_rates": [{"model": m, "win_rate": r} for m, r in self.win_rates],
         }
@@ -155,12 +158,17 @@ def model_pairs(run_a: RunData, run_b: RunData) -> tuple[list[tuple[str, str]], 
 def compare_runs(run_a: RunData, run_b: RunData) -> Comparison:
     pairs, note = model_pairs(run_a, run_b)
     deltas = []
+    setups: list[str] = []
     for model_a, model_b in pairs:
         for variant in run_a.variants:
             items_a = [i for i in run_a.items if i.model == model_a and i.variant == variant]
             items_b = [i for i in run_b.items if i.model == model_b and i.variant == variant]
             if not items_a or not items_b:
                 continue
+            difference = compare_setups(items_b[0].setup, items_a[0].setup, ("A", "B")).line
+            if difference:
+                model = model_a if model_a == model_b else f"{model_a} -> {model_b}"
+                setups.append(f"{model} {variant}: {difference}")
             deltas.append(
                 paired_delta(
                     example_scores(run_a, items_a),
@@ -172,7 +180,12 @@ def compare_runs(run_a: RunData, run_b: RunData) -> Comparison:
                 )
             )
     return Comparison(
-        run_a.run_id, run_b.run_id, tuple(deltas), _contender_win_rates(run_a, run_b), note
+        run_a.run_id,
+        run_b.run_id,
+        tuple(deltas),
+        _contender_win_rates(run_a, run_b),
+        note,
+        tuple(setups),
     )
 
 
@@ -245,6 +258,9 @@ def render_text(comparison: Comparison, *, markdown: bool = False) -> str:
     out = [f"compare {comparison.run_a} (A) -> {comparison.run_b} (B)"]
     if comparison.note:
         out.append(f"note: {comparison.note}")
+    if comparison.setup_differences:  # above the scores: what the deltas compare
+        out += ["", "setup differences (can change outputs):"]
+        out += [f"  {line}" for line in comparison.setup_differences]
     if len(rows) > 1:
         out.append("")
         out += _table(rows, markdown)

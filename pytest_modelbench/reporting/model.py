@@ -17,6 +17,7 @@ from pytest_modelbench.names import checkpoint_of, safe_component
 from pytest_modelbench.store.files import read_json
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import MANIFEST, RunStore
+from pytest_modelbench.store.setup import SetupRecord
 
 LEADERBOARD_JSON = "leaderboard.json"
 
@@ -73,6 +74,7 @@ class ItemRecord:
     fingerprint: str = ""
     path: str = ""  # item directory name inside the run directory
     gate: Mapping[str, Any] | None = field(default=None, compare=False)
+    setup: SetupRecord | None = field(default=None, compare=False)  # what produced the scores
 
     @property
     def tokens(self) -> int:
@@ -90,12 +92,16 @@ class ItemRecord:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["gate"] = dict(self.gate) if self.gate is not None else None
+        data["setup"] = self.setup.to_json() if self.setup is not None else None
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ItemRecord:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        setup = data.get("setup")  # a record, or its JSON form (leaderboard.json)
+        values["setup"] = setup if isinstance(setup, SetupRecord) else SetupRecord.from_json(setup)
+        return cls(**values)
 
 
 def _sandbox_text(sandbox: Any) -> str:
@@ -145,6 +151,7 @@ def _result_fields(result: EvalResult, outcome: str) -> dict[str, Any]:
         "message": result.message,
         "from_store": result.from_store,
         "outcome": outcome,
+        "setup": result.setup,
     }
     return out
 

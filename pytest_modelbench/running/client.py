@@ -59,6 +59,7 @@ class Completion:
     retry_reasons: list[str] = field(default_factory=list)
     reasoning: str | None = None  # the thinking, when the model sent any
     reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens
+    system_fingerprint: str | None = None  # the build that answered, as the server says
 
     @property
     def truncated(self) -> bool:
@@ -84,6 +85,10 @@ def _reasoning_field(choice: Mapping[str, Any]) -> str | None:
         if text:
             return text
     return None
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _reasoning_tokens(usage: Mapping[str, Any]) -> int | None:
@@ -196,4 +201,5 @@ class OpenAIClient(EndpointPool):
             retry_reasons=reasons,
             reasoning=thought,
             reasoning_tokens=_reasoning_tokens(usage),
+            system_fingerprint=_text_or_none(data.get("system_fingerprint")),
         )

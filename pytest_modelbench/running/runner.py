@@ -274,5 +274,7 @@ def _complete_row(
         row["reasoning"] = completion.reasoning
     if completion.reasoning_tokens is not None:
         row["reasoning_tokens"] = completion.reasoning_tokens
+    if completion.system_fingerprint is not None:
+        row["system_fingerprint"] = completion.system_fingerprint
     if detail:
         row["detail"] = dict(detail)

@@ -463,9 +463,17 @@ class ModelbenchSession:
             self._reserve_gpus()
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.session.terminal import write_plan
+            from pytest_modelbench.gating.baselines import BaselineBook
+            from pytest_modelbench.session.terminal import write_plan, write_planned_setups
 
             write_plan(session.config, self._selected, self.backend_for)
+            parent, _ = self._run_parent()
+            book = BaselineBook(
+                self.options.config_dir / "baselines",
+                parent,
+                baseline_run=self.options.baseline_run,
+            )  # reads baseline files and reference runs only
+            write_planned_setups(session.config, self._selected, book)
 
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:
@@ -571,6 +579,7 @@ class ModelbenchSession:
                 baseline_model=self.options.baseline_model,
                 allow_unfinished=self.options.allow_unfinished_baseline,
                 stop_early=self.options.stop_early,
+                require_same_setup=self.options.require_same_setup,
             )
         return self._book
 
@@ -743,12 +752,14 @@ class ModelbenchSession:
         from pytest_modelbench.session.terminal import (
             write_markdown_summary,
             write_recomputed,
+            write_setup_differences,
             write_summary_table,
             write_truncation_warnings,
         )
 
         write_summary_table(terminalreporter, self.records, self._run_dir)
         write_truncation_warnings(terminalreporter, self.records)
+        write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
         for message in self.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)

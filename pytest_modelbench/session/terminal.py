@@ -170,6 +170,42 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
             )
 
 
+def write_planned_setups(config: pytest.Config, items: Sequence[PlannedItem], book: Any) -> None:
+    """``--collect-only``: the items whose baseline was measured under another setup than the
+    one planned, as far as the plan knows it (serving args, GPU count, weights, chat template,
+    sampling, budget; not the engine's version or the GPU model, known once a server runs)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    # lazily: loaded only when this runs, not at every pytest start-up
+    from pytest_modelbench.evaluation.setup import planned_setup
+    from pytest_modelbench.store.setup import compare_setups
+
+    lines = []
+    for item in items:
+        baseline = book.planned_baseline_setup(item)
+        if baseline is None:
+            continue
+        line = compare_setups(planned_setup(item), baseline, ("baseline", "planned")).line
+        if line:
+            lines.append(f"{item.item_id}: {line}")
+    if lines:
+        reporter.write_line(
+            f"{len(lines)} item(s) planned under another setup than their baseline:"
+        )
+        for line in lines:
+            reporter.write_line(f"  {line}", yellow=True)
+
+
+def write_setup_differences(reporter: Any, records: Sequence[EvalResult]) -> None:
+    """One line per item whose baseline was measured under another setup (an engine version,
+    GPUs, a token budget): a score compared across setups may move for that alone."""
+    for result in _ordered(records):
+        verdict = result.verdict
+        if verdict is not None and verdict.setup_differs:
+            reporter.write_line(f"{result.item_id}: {verdict.setup_differs}", yellow=True)
+
+
 def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path) -> None:
     """Which items were read back from the store instead of evaluated, from which run, when."""
     stored = [r for r in _ordered(records) if r.from_store and r.error is None]
@@ -212,6 +248,10 @@ def write_markdown_summary(path: Path, records: Sequence[EvalResult], run_dir: P
         cells = _row(result)
         del cells[7]  # errors: not in the step summary
         lines.append(f"| {' | '.join([*cells, result.verdict_text])} |")
+    differing = [r for r in _ordered(records) if r.verdict and r.verdict.setup_differs]
+    if differing:
+        lines.append("")
+        lines += [f"- {r.item_id}: {r.verdict.setup_differs}" for r in differing if r.verdict]
     if run_dir is not None:
         lines += ["", f"Run store: `{run_dir.name}`"]
     with path.open("a", encoding="utf-8") as handle:

@@ -38,6 +38,7 @@ class JournalRow(TypedDict, total=False):
     completion: str | None  # the model's answer (thinking removed); None when the request failed
     reasoning: str  # the model's thinking (reasoning field or <think> block); absent if none
     reasoning_tokens: int  # usage.completion_tokens_details.reasoning_tokens; absent if not sent
+    system_fingerprint: str  # the response's system_fingerprint (the build); absent if not sent
     finish_reason: str | None  # as the server reported it ("stop", "length": out of tokens)
     extracted: Any  # what the scorer extracted from the completion (an option letter, a number)
     metrics: dict[str, float]  # metric name -> value for this example

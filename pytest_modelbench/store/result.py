@@ -20,6 +20,7 @@ from pytest_modelbench.secrets import redact
 from pytest_modelbench.store.files import atomic_write_json, read_json
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runstore import RESULT, ItemStore
+from pytest_modelbench.store.setup import SetupRecord
 from pytest_modelbench.store.verdict import GateVerdict
 
 HOLM_PENDING = " (Holm pending)"  # suffix of a verdict --mb-correction holm decides at the end
@@ -53,6 +54,7 @@ class EvalResult:
     holm_family: int | None = None  # --mb-correction holm: the number of items tested
     error: str | None = None  # why the item has no result (then ``verdict`` is None)
     model_path: str | None = None  # the HF id or local path evaluated
+    setup: SetupRecord | None = field(default=None, compare=False)  # what produced the scores
 
     SCHEMA_VERSION: ClassVar[int] = 1
 
@@ -130,9 +132,10 @@ class EvalResult:
         data = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("summary", "directory", "verdict")
+            if f.name not in ("summary", "directory", "verdict", "setup")
         }
         data["verdict"] = self.verdict.as_dict() if self.verdict is not None else None
+        data["setup"] = self.setup.to_json() if self.setup is not None else None
         data["summary_fingerprint"] = self.summary.get("fingerprint")  # what it was made from
         return {"schema_version": self.SCHEMA_VERSION, **data}
 
@@ -153,14 +156,27 @@ class EvalResult:
         summary = ItemStore(directory).read_summary() or {}
         if data.get("summary_fingerprint") != summary.get("fingerprint"):
             return None
-        known = {f.name for f in dataclasses.fields(cls)} - {"summary", "directory", "verdict"}
+        known = {f.name for f in dataclasses.fields(cls)} - {
+            "summary",
+            "directory",
+            "verdict",
+            "setup",
+        }
         gate = data.get("verdict")
         return cls(
             **{k: v for k, v in data.items() if k in known},
             summary=summary,
             directory=directory,
             verdict=GateVerdict.from_dict(gate) if isinstance(gate, dict) else None,
+            setup=SetupRecord.from_json(data.get("setup")),
         )
+
+    @staticmethod
+    def stored_setup(directory: Path) -> SetupRecord | None:
+        """The setup saved with the record in an item directory (results read back or seeded
+        keep the setup that produced them); None when none was saved."""
+        data = read_json(directory / RESULT)
+        return SetupRecord.from_json(data.get("setup")) if isinstance(data, dict) else None
 
     def properties(self) -> list[tuple[str, Any]]:
         """The item as ``mb_*`` pytest user properties (JUnit XML, pytest-html): written for
@@ -189,7 +205,11 @@ class EvalResult:
                 duration_s=self.summary.get("duration_s"),
                 model_path=self.model_path,
             )
+        if self.setup is not None:
+            values["setup"] = self.setup.describe()
         values["verdict"] = self.verdict_text
+        if verdict is not None and verdict.setup_differs:
+            values["setup_differs"] = verdict.setup_differs
         if verdict is not None:
             values.update(
                 baseline=verdict.baseline_value,

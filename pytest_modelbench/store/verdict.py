@@ -77,6 +77,9 @@ class GateVerdict:
     stopped_at: int | None = None  # --mb-stop-early: examples used when the verdict was certain
     planned: int | None = None  # --mb-stop-early: examples the item would have run
     e_value: float | None = None  # --mb-stop-early: the deciding test's wealth (p <= 1 / e)
+    setup_differs: str = ""  # how the baseline's setup differs from this run's (store/setup.py)
+    setup_required: bool = False  # --mb-require-same-setup: a setup difference fails the item
+    setup_failed: bool = False  # the test passed; the setup difference failed it
 
     # 2: delta_ci_low/high, delta_confidence, undecidable; exact and score tests, not z
     SCHEMA_VERSION: ClassVar[int] = 2

@@ -8,6 +8,7 @@ from typing import Any
 
 from pytest_modelbench.testing.faults import Faults, Latency
 from pytest_modelbench.testing.policy import FALLBACK_TEXT, AnswerPolicy, Lookup
+from pytest_modelbench.testing.wire import FINGERPRINT
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "think")
 
@@ -30,6 +31,9 @@ class SimConfig:
 
     ``api_key``: like vLLM's ``--api-key``, every ``/v1`` request must carry
     ``Authorization: Bearer <api_key>`` (else 401).
+
+    ``fingerprint`` is the ``system_fingerprint`` of every answer (a build's identity);
+    ``version`` is what ``GET /version`` answers (``{"version": ...}``; 404 when None).
     """
 
     models: tuple[str, ...] = ("sim-model",)
@@ -48,6 +52,8 @@ class SimConfig:
     reasoning_words: int = 0
     reasoning_field: str = "reasoning_content"
     api_key: str | None = field(default=None, repr=False)
+    fingerprint: str = FINGERPRINT
+    version: str | None = None
 
     def __post_init__(self) -> None:
         coerce = {

@@ -71,6 +71,7 @@ _THINKING = [
 _ROUTES = {
     ("GET", "/health"): "health",
     ("GET", "/v1/models"): "models",
+    ("GET", "/version"): "version",
     ("POST", CHAT_PATH): "chat",
     ("POST", COMPLETIONS_PATH): "completions",
 }
@@ -355,6 +356,10 @@ class SimServer:
         config = self._config
         if route == "health":
             data = b""
+        elif route == "version":  # vLLM's build, when the simulator is given one
+            if config.version is None:
+                raise wire.BadRequest(404, "GET /version is not served", "not_found")
+            data = json.dumps({"version": config.version}).encode()
         elif route == "models":
             cards = [wire.model_card(name, config.max_model_len) for name in config.models]
             data = json.dumps({"object": "list", "data": cards}).encode()
@@ -435,7 +440,9 @@ class SimServer:
             usage["completion_tokens_details"] = {"reasoning_tokens": thinking}
         elif kind is None and body.get("stream") is not True:  # the hot path
             self._record(pending, outcome, 200)
-            data = wire.completion_bytes(number, pending.model, choices, usage, chat=chat)
+            data = wire.completion_bytes(
+                number, pending.model, choices, usage, chat=chat, fingerprint=config.fingerprint
+            )
             return wire.json_response(data)
         payload = wire.completion_payload(
             number,
@@ -445,6 +452,7 @@ class SimServer:
             chat=chat,
             thoughts=thoughts if chat and config.reasoning_field != "think" else (),
             reasoning_field=config.reasoning_field,
+            fingerprint=config.fingerprint,
         )
         return await self._answer_unusually(request, pending, body, payload, kind, outcome, chat)
 

@@ -72,6 +72,7 @@ def completion_payload(
     chat: bool,
     thoughts: Sequence[str] = (),
     reasoning_field: str = "reasoning_content",
+    fingerprint: str = FINGERPRINT,
 ) -> dict[str, Any]:
     """A chat.completion or text_completion body; ``choices`` are (text, finish_reason).
 
@@ -98,7 +99,7 @@ def completion_payload(
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "system_fingerprint": FINGERPRINT,
+        "system_fingerprint": fingerprint,
         "choices": rows,
         "usage": dict(usage),
     }
@@ -111,6 +112,7 @@ def completion_bytes(
     usage: Mapping[str, int],
     *,
     chat: bool,
+    fingerprint: str = FINGERPRINT,
 ) -> bytes:
     """``json.dumps(completion_payload(...))``, built from a template (the hot path's body).
 
@@ -135,7 +137,7 @@ def completion_bytes(
     prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
     return (
         f'{{"id": "{kind}-sim{number}", "object": "{obj}", "created": {int(time.time())}, '
-        f'"model": {quote(model)}, "system_fingerprint": "{FINGERPRINT}", "choices": [{rows}], '
+        f'"model": {quote(model)}, "system_fingerprint": {quote(fingerprint)}, "choices": [{rows}], '
         f'"usage": {{"prompt_tokens": {prompt}, "completion_tokens": {completion}, '
         f'"total_tokens": {usage["total_tokens"]}}}}}'
     ).encode()

@@ -9,7 +9,7 @@ vLLM (GPU claim, command line, environment, health wait, reuse, stop); it serves
 server, ``requests-gpu<N>.jsonl``, with ``FAKE_VLLM_LOG_PER_SERVER``). ``FAKE_VLLM_LATENCY``
 and ``FAKE_VLLM_SLOTS`` make it an engine with fixed batch slots and latency;
 ``FAKE_VLLM_START_S`` is how long it takes to start (and ``FAKE_VLLM_FAIL_START`` makes it
-fail then).
+fail then); ``FAKE_VLLM_VERSION`` is the build its ``GET /version`` reports.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ config = SimConfig(
     host=args.host,
     log_path=requests_log,
     api_key=os.environ.get("VLLM_API_KEY") or None,  # as vLLM: /v1 needs the bearer
+    version=os.environ.get("FAKE_VLLM_VERSION") or None,  # what GET /version answers
 )
 with SimServer(config) as server:
     while True:  # FAKE_VLLM_CRASH_AFTER=N: the engine dies after N answers, as vLLM's does
