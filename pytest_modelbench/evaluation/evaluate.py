@@ -316,7 +316,7 @@ class ItemEvaluator:
             item_store.clear_summary()
         item_store.begin(_metadata(item, fingerprint, parts))
         summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
-        setup = self._setup(item, parts, endpoint, item_store, summary)
+        setup = self._setup(item, parts, endpoint, summary)
         return self._result(
             item, metric, summary, item_store.directory, reason, from_store=False, setup=setup
         )
@@ -326,13 +326,12 @@ class ItemEvaluator:
         item: PlannedItem,
         parts: Mapping[str, Any],
         identity: Mapping[str, Any] | None,
-        item_store: ItemStore,
         summary: Mapping[str, Any],
     ) -> SetupRecord | None:
         """The setup this item was just evaluated under (see ``evaluation/setup.py``); None
         when it cannot be read (a checkpoint's files gone), which is never a failure. The
-        server's ``/version`` is asked once per server; the journal is read again only for an
-        external endpoint (the answers' ``system_fingerprint``)."""
+        server's ``/version`` is asked once per server; an external endpoint's answers'
+        ``system_fingerprint`` come from the summary (gathered while its rows were counted)."""
         base_urls = self.endpoints.base_urls_of(item)
         if base_urls not in self._versions:
             self._versions[base_urls] = reported_version(base_urls)
@@ -343,7 +342,12 @@ class ItemEvaluator:
                 parts["backend"],
                 version=self._versions[base_urls],
                 identity=identity,
-                rows=item_store.selected_rows(summary) if external else (),
+                rows=[
+                    {"system_fingerprint": fingerprint}
+                    for fingerprint in summary.get("system_fingerprints", ())
+                ]
+                if external
+                else (),
             )
         except OSError:
             return None

@@ -72,9 +72,12 @@ def summarise_rows(
     latency: list[float] = []
     retries = 0
     selected: list[tuple[str, int]] = []
+    fingerprints: set[str] = set()  # the endpoint's system_fingerprint (the setup record)
     for row in rows:
         n_rows += 1
         selected.append(row_key(row))
+        if row.get("system_fingerprint"):
+            fingerprints.add(str(row["system_fingerprint"]))
         retries += max(0, int(row.get("attempts") or 1) - 1)
         if row.get("error"):
             errors += 1
@@ -106,7 +109,9 @@ def summarise_rows(
     token_counts = {"prompt": prompt_tokens, "completion": completion_tokens}
     if reasoning_reported:
         token_counts["reasoning"] = reasoning_tokens
+    extra = {"system_fingerprints": sorted(fingerprints)} if fingerprints else {}
     return {
+        **extra,
         "metrics": metrics,
         "n_rows": n_rows,
         "n_scored": n_rows - errors,
