@@ -54,12 +54,19 @@ def test_a_command_server_gets_exactly_the_claimed_gpus(tmp_path: Path) -> None:
     server = ENGINES["command"].server(spec)
     process = server.process  # type: ignore[attr-defined]
     assert process.env["CUDA_VISIBLE_DEVICES"] == "3,5"
-    assert process._argv_for_port(8000) == ["srv", "--port", "8000", "--devices", "3,5", "127.0.0.1"]
+    assert process._argv_for_port(8000) == [
+        "srv",
+        "--port",
+        "8000",
+        "--devices",
+        "3,5",
+        "127.0.0.1",
+    ]
     assert engine_env(None, "m", base={"CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_credential_flags_are_masked_in_the_logged_command(tmp_path: Path) -> None:
-    process = ServerProcess(lambda port: [], env={}, log_path=tmp_path / "log")
+    process = ServerProcess(lambda _port: [], env={}, log_path=tmp_path / "log")
     process.argv = ["srv", "--api-key", "s3cr3t", "--token=abc", "--port", "1"]
     shown = process.command_line()
     assert "s3cr3t" not in shown and "abc" not in shown
