@@ -157,10 +157,20 @@ def _quiet_request_extras(value: dict[str, Any]) -> dict[str, Any]:
 class ServeSpec(_Strict):
     """How modelbench serves a model itself (when ``api_base_url`` is absent)."""
 
-    engine: Literal["vllm"] = "vllm"
+    engine: str = Field(
+        default="vllm",
+        description="vllm, sglang or command (checked against serving's engines at start-up)",
+    )
     gpus: int = Field(default=1, ge=0, description="tensor-parallel size of one server")
     args: JSONDict = Field(default_factory=dict)
     startup_timeout: float = Field(default=900.0, gt=0)
+    command: list[str] | None = Field(
+        default=None,
+        description="engine: command: the server's argv, with {model}, {port}, {host}, {gpus}",
+    )
+    health: str | None = Field(
+        default=None, description="engine: command: the path that answers 200 once it serves"
+    )
 
 
 class ModelSpec(_Strict):

@@ -70,6 +70,8 @@ def model_identity(
             if k not in _RESOURCE_ONLY_SERVE_ARGS
         }
         identity["serve"] = {"engine": serve.get("engine"), "args": args}
+        if serve.get("command"):  # engine: command: its argv is the server
+            identity["serve"]["command"] = list(serve["command"])
         revision = _hf_revision(model) if model and "files" not in identity else None
         if revision:
             identity["revision"] = revision

@@ -1,4 +1,5 @@
-"""Inference serving: GPU claims, engine servers (vLLM) and the built-in smoke model.
+"""Inference serving: GPU claims, engine servers (vLLM, SGLang, any command) and the built-in
+smoke model.
 
 Standard library only at import time; vLLM runs in its own process and ``tokenizers`` is
 imported only when the smoke model is built.
@@ -14,6 +15,7 @@ from pytest_modelbench.serving.base import (
     ServerStartError,
     ServingError,
 )
+from pytest_modelbench.serving.engines import ENGINES, engine_for
 from pytest_modelbench.serving.gpus import (
     GpuClaim,
     GpuWarning,
@@ -24,8 +26,6 @@ from pytest_modelbench.serving.gpus import (
 )
 from pytest_modelbench.serving.smoke import SMOKE_MODEL_NAME, build_smoke_model
 from pytest_modelbench.serving.vllm import VllmEngine, VllmServer
-
-ENGINES: dict[str, Engine] = {"vllm": VllmEngine()}
 
 __all__ = [
     "ENGINES",
@@ -45,4 +45,5 @@ __all__ = [
     "build_smoke_model",
     "claim",
     "discover_gpus",
+    "engine_for",
 ]

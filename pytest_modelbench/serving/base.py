@@ -1,8 +1,9 @@
 """What an inference engine and a running server look like to the rest of modelbench.
 
-An :class:`Engine` (vLLM today) turns a :class:`LaunchSpec` into a :class:`ServerHandle`;
-the worker-side code only ever talks to those two Protocols, so adding an engine is adding
-a class. Errors raised here carry complete, user-facing messages.
+An :class:`Engine` (``serve.engine``: vLLM, SGLang, any command) turns a :class:`LaunchSpec`
+into a :class:`ServerHandle`; the worker-side code only ever talks to those two Protocols, so
+adding an engine is adding a class (``serving/engines.py`` registers it). Errors raised here
+carry complete, user-facing messages.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pytest_modelbench.config.schema import ServeSpec
 
 __all__ = [
     "Engine",
@@ -20,6 +24,7 @@ __all__ = [
     "ServerHandle",
     "ServerStartError",
     "ServingError",
+    "refuse_command",
 ]
 
 
@@ -47,6 +52,10 @@ class LaunchSpec:
     gpus: tuple[str, ...] | None = None  # claimed GPU ids (physical); None/() = CPU
     python: str = sys.executable  # interpreter with the engine installed
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the server
+    host: str = "127.0.0.1"  # where it listens (another node's item: see serving/exchange.py)
+    api_key: str | None = None  # requests must carry it (with a non-loopback host)
+    command: tuple[str, ...] = ()  # serve.command: the argv template (engine: command)
+    health: str | None = None  # serve.health: the path that answers 200 once it serves
 
 
 class ServerHandle(Protocol):
@@ -72,11 +81,21 @@ class ServerHandle(Protocol):
         """Stop the whole process group; idempotent."""
         ...
 
+    def death_report(self) -> str | None:
+        """None while it runs; once it has exited, one line: how, the cause from its log."""
+        ...
+
 
 class Engine(Protocol):
-    """A way to serve models: creates (unstarted) server handles."""
+    """A way to serve models: creates (unstarted) server handles. :meth:`server` raises
+    ``ValueError`` with the ``serve.args`` key and the fix when the spec cannot be served."""
 
     name: str
+
+    def check(self, serve: ServeSpec) -> None:
+        """Raise ``ValueError`` (``serve.<key>: ...`` and the fix) for a ``serve`` section
+        this engine cannot serve; called when the session starts, before any server."""
+        ...
 
     def server(self, spec: LaunchSpec) -> ServerHandle: ...
 
@@ -84,3 +103,13 @@ class Engine(Protocol):
 def cpu_or_gpus(gpus: Sequence[str] | None) -> str:
     """Human-readable placement, for messages: ``CPU`` or ``GPU 0,1``."""
     return f"GPU {','.join(gpus)}" if gpus else "CPU"
+
+
+def refuse_command(serve: ServeSpec, engine: str) -> None:
+    """``serve.command`` and ``serve.health`` belong to ``engine: command`` only."""
+    for key in ("command", "health"):
+        if getattr(serve, key) is not None:
+            raise ValueError(
+                f"serve.{key}: only serve.engine: command takes a {key} (this engine is "
+                f"{engine}); remove it, or set serve.engine: command"
+            )

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.names import safe_component
-from pytest_modelbench.planning.plan import BUILT_IN_MODELS, SMOKE, SMOLLM2
+from pytest_modelbench.planning.plan import BUILT_IN_MODELS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
+    from pytest_modelbench.serving.base import ServerHandle
     from pytest_modelbench.serving.exchange import ExchangeClient
     from pytest_modelbench.serving.handover import Wanted
     from pytest_modelbench.serving.replicas import Claim, Progress, ReplicaSet, Server
@@ -74,6 +75,9 @@ class _Launch:
     args: dict[str, Any]
     gpus: int
     timeout_s: float
+    engine: str = "vllm"  # serve.engine
+    command: tuple[str, ...] = ()  # serve.command (engine: command)
+    health: str | None = None  # serve.health (engine: command)
 
     def fields(self) -> dict[str, Any]:
         """What another node needs to start the same server."""
@@ -84,17 +88,41 @@ class _Launch:
             "args": self.args,
             "gpus": self.gpus,
             "timeout_s": self.timeout_s,
+            "engine": self.engine,
+            "command": list(self.command),
+            "health": self.health,
         }
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> _Launch:
+        """The launch another node described with :meth:`fields`."""
+        return cls(
+            str(fields["model_name"]),
+            str(fields["model_path"]),
+            str(fields["served"]),
+            dict(fields["args"]),
+            int(fields["gpus"]),
+            float(fields["timeout_s"]),
+            str(fields.get("engine") or "vllm"),
+            tuple(str(part) for part in fields.get("command") or ()),
+            fields.get("health"),
+        )
 
     @property
     def key(self) -> str:
-        """Equal for servers that answer alike (weights, name, engine args, GPUs)."""
+        """Equal for servers that answer alike (engine, weights, name, engine args, GPUs)."""
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.handover import launch_key
 
-        return launch_key(
-            {"path": self.model_path, "served": self.served, "args": self.args, "gpus": self.gpus}
-        )
+        fields: dict[str, Any] = {
+            "path": self.model_path,
+            "served": self.served,
+            "args": self.args,
+            "gpus": self.gpus,
+        }
+        if self.engine != "vllm":
+            fields.update(engine=self.engine, command=list(self.command), health=self.health)
+        return launch_key(fields)
 
 
 class ServerPool:
@@ -243,36 +271,39 @@ class ServerPool:
     def _start(self, item: PlannedItem, served: str) -> Any:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.checkpoints import CheckpointWarning, servable_checkpoint
+        from pytest_modelbench.serving.engines import MODEL_BUILDERS, engine_for
         from pytest_modelbench.serving.gpus import NoFreeGpuError
-        from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS, build_smoke_model
-        from pytest_modelbench.serving.smollm2 import (
-            SMOLLM2_SERVE_ARGS,
-            SmolLM2NotInstalledError,
-            build_smollm2_model,
-        )
-        from pytest_modelbench.serving.vllm import VllmServer
 
         spec = item.model
         serve = spec.serve
+        try:
+            engine = engine_for(serve)
+        except ValueError as exc:  # the session checked it already; a bare pool did not
+            raise ModelbenchUsageError(f"models.{item.model_name}.{exc}") from None
         n_gpus = serve.gpus if serve is not None else 1
         args: dict[str, Any] = dict(serve.args) if serve is not None else {}
         model_path: str | Path = spec.model or item.model_name
-        if spec.model == SMOKE:
-            model_path = build_smoke_model(self.cache_dir)
-            args = {**SMOKE_SERVE_ARGS, **args}
-        elif spec.model == SMOLLM2:
-            try:
-                model_path = build_smollm2_model(self.cache_dir)
-            except SmolLM2NotInstalledError as exc:
-                raise ModelbenchUsageError(f"--model {SMOLLM2}: {exc}") from None
-            args = {**SMOLLM2_SERVE_ARGS, **args}
+        builder = MODEL_BUILDERS.get(spec.model or "")
+        if builder is not None:
+            model_path = builder.build(self.cache_dir)
+            args = {**builder.serve_args.get(engine.name, {}), **args}
         elif Path(model_path).is_dir():
             shadow_root = self.run_dir / "servers" / "checkpoints"
             model_path, note = servable_checkpoint(model_path, shadow_root)
             if note:
                 warnings.warn(CheckpointWarning(note), stacklevel=2)
         timeout_s = serve.startup_timeout if serve is not None else 900.0
-        launch = _Launch(item.model_name, str(model_path), served, args, max(1, n_gpus), timeout_s)
+        launch = _Launch(
+            item.model_name,
+            str(model_path),
+            served,
+            args,
+            max(1, n_gpus),
+            timeout_s,
+            engine.name,
+            tuple(serve.command or ()) if serve is not None else (),
+            serve.health if serve is not None else None,
+        )
         try:
             gpus = self._gpus(launch.gpus, item.model_name)
         except NoFreeGpuError as exc:  # other workers of the session hold the GPUs
@@ -282,17 +313,9 @@ class ServerPool:
             gpus = found
         log_path = self.run_dir / "servers" / f"{self.worker}-{safe_component(item.model_name)}.log"
         try:
-            server = VllmServer(
-                model_path,
-                served,
-                args,
-                gpus or None,
-                log_path,
-                self.cache_dir,
-                **self._listen(),
-            )
+            server = self._server_for(launch, gpus or None, log_path, listen=True)
         except ValueError as exc:  # reserved flag in serve.args
-            raise ModelbenchUsageError(f"models.{item.model_name}.serve.args: {exc}") from None
+            raise ModelbenchUsageError(f"models.{item.model_name}.{exc}") from None
         self._launch = launch
         self._starting = item.item_id
         self._watch(None)  # replicas may start alongside this server
@@ -310,6 +333,28 @@ class ServerPool:
             self._replicas.primary_started(self._start_s)
         self.starts += 1
         return server
+
+    def _server_for(
+        self, launch: _Launch, gpus: tuple[str, ...] | None, log_path: Path, *, listen: bool
+    ) -> ServerHandle:
+        """An unstarted server of ``launch`` on ``gpus``, from the engine it names (every
+        server this pool starts comes from here); ``listen``: reachable by other nodes."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.base import LaunchSpec
+        from pytest_modelbench.serving.engines import ENGINES
+
+        spec = LaunchSpec(
+            model=launch.model_path,
+            served_name=launch.served,
+            log_path=log_path,
+            cache_dir=self.cache_dir,
+            args=launch.args,
+            gpus=gpus,
+            command=launch.command,
+            health=launch.health,
+            **(self._listen() if listen else {}),
+        )
+        return ENGINES[launch.engine].server(spec)
 
     # -- workers without a GPU ----------------------------------------------------------------
     def _share_or_wait(self, launch: _Launch, no_gpu: Exception) -> _SharedServer | tuple[str, ...]:
@@ -579,20 +624,10 @@ class ServerPool:
     def _launch_replica(
         self, gpus: tuple[str, ...], index: int, launched: Callable[[Server], None]
     ) -> Server:
-        # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.vllm import VllmServer
-
         spec = self._launch
         assert spec is not None
         name = f"{self.worker}-{safe_component(spec.model_name)}-replica{index}.log"
-        server = VllmServer(
-            spec.model_path,
-            spec.served,
-            spec.args,
-            gpus,
-            self.run_dir / "servers" / name,
-            self.cache_dir,
-        )
+        server = self._server_for(spec, gpus, self.run_dir / "servers" / name, listen=False)
         launched(server)
         server.start(spec.timeout_s)
         return server
@@ -731,21 +766,15 @@ class ServerPool:
     ) -> bool:
         """Start ``launch`` on ``gpus`` for another node's item and serve until released;
         False when it did not start or died (this worker then stops serving others)."""
-        # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.vllm import VllmServer
-
         name = safe_component(str(launch["model_name"]))
         try:
-            server = VllmServer(
-                str(launch["model_path"]),
-                str(launch["served"]),
-                dict(launch["args"]),
+            server: Any = self._server_for(
+                _Launch.of(launch),
                 gpus,
                 self.run_dir / "servers" / f"{self.worker}-{name}-for-another-node.log",
-                self.cache_dir,
-                **self._listen(),
+                listen=True,
             )
-        except ValueError as exc:
+        except (ValueError, KeyError) as exc:
             client.call("offer", id=lease, note=f"{self.worker} on {self.node}: {exc}")
             return False
         try:

@@ -268,7 +268,7 @@ class ServerProcess:
         """The last command, as a copy-pasteable shell line (with the variables that matter)."""
         shown = {k: v for k, v in self.env.items() if _shown_env(k) and os.environ.get(k) != v}
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items()))
-        return (prefix + " " if prefix else "") + shlex.join(self.argv)
+        return (prefix + " " if prefix else "") + shlex.join(_masked(self.argv))
 
     def start(self, deadline_s: float, port: int | None = None) -> None:
         """Start and wait up to ``deadline_s`` seconds until ready; on failure stop and raise.
@@ -406,6 +406,21 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a", encoding="utf-8") as log:
             log.write(f"[modelbench {stamp}] {self.label}: {message}\n")
+
+
+def _masked(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of credential flags (``--api-key K``) masked."""
+    shown: list[str] = []
+    hide = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        secret = arg.startswith("--") and any(w in flag.lower() for w in _SECRET_WORDS)
+        shown.append("***" if hide else f"{flag}=***" if secret and eq else arg)
+        hide = secret and not eq
+    return shown
+
+
+_SECRET_WORDS = ("key", "token", "secret", "password")
 
 
 def _shown_env(name: str) -> bool:

@@ -17,12 +17,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from pytest_modelbench.serving.base import (
     EngineNotInstalledError,
     LaunchSpec,
     ServerStartError,
     cpu_or_gpus,
+    refuse_command,
 )
 from pytest_modelbench.serving.process import (
     ServerProcess,
@@ -31,6 +33,9 @@ from pytest_modelbench.serving.process import (
     log_tail,
     port_is_free,
 )
+
+if TYPE_CHECKING:
+    from pytest_modelbench.config.schema import ServeSpec
 
 __all__ = [
     "CPU_DEFAULT_ARGS",
@@ -364,6 +369,10 @@ class VllmEngine:
 
     name = "vllm"
 
+    def check(self, serve: ServeSpec) -> None:
+        refuse_command(serve, self.name)
+        render_args(serve.args)
+
     def server(self, spec: LaunchSpec) -> VllmServer:
         return VllmServer(
             spec.model,
@@ -374,4 +383,6 @@ class VllmEngine:
             spec.cache_dir,
             spec.python,
             env=spec.env,
+            host=spec.host,
+            api_key=spec.api_key,
         )

@@ -112,10 +112,29 @@ class ModelbenchSession:
     def plan(self) -> Plan:
         if self._plan is None:
             plan = build_plan(self.config_set, self.options, self.check_module)
+            self._check_engines(plan)
             self._check_env_args(plan)
             self._check_baseline_metrics(plan)
             self._plan = plan
         return self._plan
+
+    def _check_engines(self, plan: Plan) -> None:
+        """Each served model's ``serve.engine`` and its settings: a usage error now, naming
+        the model's key in models.yaml, rather than an item error when its server starts."""
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.serving.engines import engine_for
+
+        checked: set[str] = set()
+        for item in plan.items:
+            spec = item.model
+            if spec.api_base_url or spec.solutions or item.model_name in checked:
+                continue
+            checked.add(item.model_name)
+            try:
+                engine_for(spec.serve)
+            except ValueError as exc:
+                where = display_path(self.config_set.models_path)
+                raise ModelbenchUsageError(f"{where}: models.{item.model_name}.{exc}") from None
 
     def _check_env_args(self, plan: Plan) -> None:
         """``--env-args`` keys, and env args a ``matrix:`` sweep adds, that a planned variant's
