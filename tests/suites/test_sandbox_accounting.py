@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -391,3 +393,40 @@ def test_without_seccomp_the_weak_level_refuses_posixsubprocess(
     result = weak.run(FORK_EXEC)
     assert result.status == "failed" and "starting programs is not allowed" in result.reason
     assert "FORKED" not in result.stdout_tail and result.isolation["seccomp"] is False
+
+
+# the program filter loaded into a host process (the sandbox's own interpreter has no ctypes,
+# so pure Python cannot make these calls there): each refused call fails as the filter says
+FILTERED_SYSCALLS = r"""
+import ctypes, sys
+from pytest_modelbench.sandbox import launcher, namespaces, seccomp
+libc = namespaces.libc()
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert launcher.load_filter(seccomp.program_filter(spawn=True))
+raw = ctypes.CDLL(None, use_errno=True)
+numbers = {"io_uring_setup": 425, "userfaultfd": 323, "bpf": 321, "perf_event_open": 298,
+           "keyctl": 250, "ptrace": 101, "unshare": 272, "setns": 308, "mount": 165,
+           "clone3": 435}
+for name, number in numbers.items():
+    result = raw.syscall(number, 0, 0, 0, 0, 0)
+    print(name, result, ctypes.get_errno())
+# clone with a namespace flag (CLONE_NEWUSER | SIGCHLD) is refused before any child exists
+print("clone_newuser", raw.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno())
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86_64 system call numbers")
+def test_seccomp_refuses_the_kernels_attack_surface() -> None:
+    """io_uring, userfaultfd, bpf, perf events, keyrings, ptrace, mounts and new namespaces
+    (unshare, setns, clone with CLONE_NEW*) fail with EPERM; clone3 answers ENOSYS, so libc
+    falls back to clone, whose namespace flags are refused."""
+    _needs_seccomp()
+    done = subprocess.run(
+        [sys.executable, "-c", FILTERED_SYSCALLS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = {
+        name: (int(r), int(e)) for name, r, e in (x.split() for x in done.stdout.split("\n") if x)
+    }
+    assert calls.pop("clone3") == (-1, 38)  # ENOSYS
+    assert calls == dict.fromkeys(calls, (-1, 1)) and len(calls) == 10, calls  # EPERM
