@@ -50,6 +50,21 @@ class Cell:
     fail_fixed: int = 0
     reps: int = 0
 
+    def add(self, stopper: EarlyStopper, n: int, *, fixed: bool, after: bool) -> None:
+        """One repetition: the rule's decision, else the fixed-n gate after it (``after``);
+        ``fixed``: today's gate alone on the same draws."""
+        self.reps += 1
+        self.planned += n
+        self.used += stopper.used
+        self.fail_fixed += fixed
+        if stopper.decision == "regression":
+            self.regression_certain += 1
+            self.fail_with_rule += 1
+        elif stopper.decision == "no regression":
+            self.fine_certain += 1
+        else:
+            self.fail_with_rule += after
+
     def row(self, label: str, n: int) -> str:
         r = self.reps
         return (
@@ -79,17 +94,7 @@ def value_cell(truth: float, baseline: float, margin: float, n: int, reps: int, 
         p = stats.exact_binomial_test(sum(scores), n, baseline, margin, ALPHA).p_value
         fixed = p is not None and p < ALPHA  # today's gate
         after = p is not None and p < fixed_alpha(ALPHA)  # the gate after the rule
-        cell.reps += 1
-        cell.planned += n
-        cell.used += stopper.used
-        cell.fail_fixed += fixed
-        if stopper.decision == "regression":
-            cell.regression_certain += 1
-            cell.fail_with_rule += 1
-        elif stopper.decision == "no regression":
-            cell.fine_certain += 1
-        else:
-            cell.fail_with_rule += after
+        cell.add(stopper, n, fixed=fixed, after=after)
     return cell
 
 
@@ -110,17 +115,7 @@ def paired_cell(drop: float, n: int, reps: int, seed: int, margin: float = 0.0) 
         better = sum(1 for a, b in zip(new, ref, strict=True) if a > b)
         p = stats.mcnemar_exact(better, worse, "less").p_value
         fixed, after = p < ALPHA, p < fixed_alpha(ALPHA)
-        cell.reps += 1
-        cell.planned += n
-        cell.used += stopper.used
-        cell.fail_fixed += fixed
-        if stopper.decision == "regression":
-            cell.regression_certain += 1
-            cell.fail_with_rule += 1
-        elif stopper.decision == "no regression":
-            cell.fine_certain += 1
-        else:
-            cell.fail_with_rule += after
+        cell.add(stopper, n, fixed=fixed, after=after)
     return cell
 
 

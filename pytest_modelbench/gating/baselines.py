@@ -492,11 +492,16 @@ def _to_write(
                 f"{', '.join(failed)} failed its gate (pass --mb-update-failed-baselines to "
                 "write a failed score as the baseline)"
             )
-            if skipped is None:
-                warnings.warn(BaselineWarning(line), stacklevel=3)
-            else:
-                skipped.append(line)
+            _say(line, skipped)
     return by_model
+
+
+def _say(line: str, lines: list[str] | None) -> None:
+    """One line into ``lines`` (the session prints them), or a :class:`BaselineWarning`."""
+    if lines is None:
+        warnings.warn(BaselineWarning(line), stacklevel=4)
+    else:
+        lines.append(line)
 
 
 def _not_written(path: Path, reason: str, errors: list[str] | None) -> None:
@@ -505,10 +510,7 @@ def _not_written(path: Path, reason: str, errors: list[str] | None) -> None:
         f"{display_path(path.parent)} writable and re-run the same command (finished items are "
         "reused, so only the baselines are written)"
     )
-    if errors is None:
-        warnings.warn(BaselineWarning(line), stacklevel=3)
-    else:
-        errors.append(line)
+    _say(line, errors)
 
 
 def _keeps_larger(entry: Mapping[str, Any], n: int, replace: bool, shown: str, key: str) -> bool:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import Project
-from tests.core.test_secrets import EchoingGateway, _no_key_in_parquet  # noqa: F401
+from tests.core.test_secrets import gateway  # noqa: F401  # the key-echoing gateway fixture
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXRva2Vu.QmVhcmVyT25seQ"
 
@@ -215,7 +215,9 @@ def test_pytest_html_shows_holms_final_verdict(project: Project, sim: Any) -> No
 
 @pytest.mark.parametrize("workers", [None, "2"])
 def test_an_echoed_bearer_token_is_in_no_artifact(
-    project: Project, gateway: str, workers: str | None
+    project: Project,
+    gateway: str,  # noqa: F811  # the fixture imported from test_secrets
+    workers: str | None,
 ) -> None:
     project.qa("qa", 6)
     project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
@@ -244,19 +246,6 @@ def test_an_echoed_bearer_token_is_in_no_artifact(
     assert {"results.jsonl", "report.html", "junit.xml", "page.html"} <= names
     for path in written:
         assert TOKEN.encode() not in path.read_bytes(), path
-
-
-@pytest.fixture
-def gateway() -> Any:
-    import threading
-    from http.server import ThreadingHTTPServer
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), EchoingGateway)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
 
 
 # --------------------------------------------------------------------------- excluded errors
