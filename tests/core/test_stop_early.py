@@ -138,3 +138,26 @@ def test_a_backend_with_its_own_loop_runs_to_the_end_and_says_so() -> None:
         assert ItemEvaluator._stop_rule(evaluator, item, own_loop, "acc") is None  # type: ignore[arg-type]
     suite = SimpleNamespace(name="jsonl", stops_early=True)
     assert ItemEvaluator._stop_rule(evaluator, item, suite, "acc") is rule  # type: ignore[arg-type]
+
+
+def test_a_resumed_item_reaches_the_same_decision(qa: tuple[Project, Any]) -> None:
+    """Killed after 8 rows (what a kill leaves: the journal, no summary), the same command
+    reads those rows in the sample's order and stops at the same example, asking only for the
+    rest of the prefix."""
+    project, server = qa
+    server.reconfigure(accuracy=0.3)  # some right, some wrong: the order matters
+    args = ["benchmarks/", "--model", "alpha", "--mb-stop-early"]
+    project.pytester.runpytest(*args).assert_outcomes(failed=1)
+    first = _summary(project)["stopped_early"]
+    (run_dir,) = project.run_dirs()
+    item = run_dir / "alpha-qa-seed0"
+    lines = (item / "results.jsonl").read_text().splitlines(keepends=True)
+    (item / "results.jsonl").write_text("".join(lines[:8]))
+    for name in ("summary.json", "result.json", "selection.json"):
+        (item / name).unlink()
+    server.clear_log()
+    project.pytester.runpytest(*args).assert_outcomes(failed=1)
+    again = _summary(project)["stopped_early"]
+    assert (again["decision"], again["n_used"]) == (first["decision"], first["n_used"])
+    assert again["ci_high"] == pytest.approx(first["ci_high"])
+    assert _completions(server) <= first["n_used"] - 8 + 4
