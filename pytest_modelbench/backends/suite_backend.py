@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 SCORER_VERSION = 1
 STOPPED = "stopped_early"  # gating.early.STOPPED: the summary's record of an item stopped early
+RULE_USED = "stop_rule"  # gating.early.RULE_USED: the rule that read an item to its end
 PARSE_CHUNK = 64  # journal lines parsed between two turns of the event loop (about 1 ms)
 Units = Iterator[tuple[Example, int]]
 
@@ -178,6 +179,8 @@ class SuiteBackend:
         if stopper is not None and stopper.decision is not None:
             return self._stopped_summary(stopper, journal, wanted, done, loop_stats, rollouts)
         summary = self._summary(journal, wanted, total, loop_stats)
+        if stopper is not None and not stopper.disabled:  # read while it ran: alpha was spent
+            summary[RULE_USED] = stopper.rule.key
         summary["resumed_examples"] = sum(1 for key in done if wanted(key))
         return summary
 
@@ -199,6 +202,7 @@ class SuiteBackend:
 
         summary = self._summary(journal, wanted, len(used) * rollouts, loop_stats)
         summary[STOPPED] = stopper.record(len(stopper.order))
+        summary[RULE_USED] = stopper.rule.key
         summary["resumed_examples"] = sum(1 for key in done if wanted(key))
         return summary
 

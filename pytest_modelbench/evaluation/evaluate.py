@@ -240,7 +240,12 @@ class ItemEvaluator:
         )
 
     def _seed(
-        self, item: PlannedItem, item_store: ItemStore, fingerprint: str, parts: dict[str, Any]
+        self,
+        item: PlannedItem,
+        item_store: ItemStore,
+        fingerprint: str,
+        parts: dict[str, Any],
+        stop_key: str | None = None,
     ) -> tuple[dict[str, Any] | None, str | None]:
         """Take the item from the ``--restart`` run when it finished there with this fingerprint.
 
@@ -251,7 +256,9 @@ class ItemEvaluator:
             return None, None
         old = ItemStore(source / item_store.directory.name)
         summary = old.read_summary()
-        ok, why_not = seedable(fingerprint, parts, summary, old.read_metadata(), source.name)
+        ok, why_not = seedable(
+            fingerprint, parts, summary, old.read_metadata(), source.name, stop_key
+        )
         if not ok or summary is None or not old.journal.path.exists():
             return None, why_not
         entry = _entry(item, summary)
@@ -279,13 +286,14 @@ class ItemEvaluator:
         parts = fingerprint_parts(item, backend)
         endpoint = self.endpoints.identity(item)
         summary = item_store.read_summary()
+        stop_rule = self._stop_rule(item, backend, metric)
+        stop_key = stop_rule.key if stop_rule else None
         if isinstance(endpoint, IdentityUnknown):
-            return self._unchecked(item, metric, parts, endpoint, item_store, summary)
+            return self._unchecked(item, metric, parts, endpoint, item_store, summary, stop_key)
         if endpoint is not None:
             parts["endpoint"] = endpoint
         fingerprint = digest(parts)
         journal_exists = item_store.journal.path.exists()
-        stop_rule = self._stop_rule(item, backend, metric)
         decision = decide(
             force=self.options.force,
             fingerprint=fingerprint,
@@ -294,7 +302,7 @@ class ItemEvaluator:
             summary=summary,
             journal_exists=journal_exists,
             num_examples=item.num_examples,
-            stop_key=stop_rule.key if stop_rule else None,
+            stop_key=stop_key,
         )
         reason = decision.reason
         if decision.action is Reuse.STORED:
@@ -302,7 +310,7 @@ class ItemEvaluator:
             self._settle_manifest(item, item_store, summary)
             return self._result(item, metric, summary, item_store.directory, from_store=True)
         if decision.action is Reuse.SEED:
-            seeded, reason = self._seed(item, item_store, fingerprint, parts)
+            seeded, reason = self._seed(item, item_store, fingerprint, parts, stop_key)
             if seeded is not None:
                 source = self.restart_source()
                 setup = (
@@ -375,6 +383,7 @@ class ItemEvaluator:
         endpoint: IdentityUnknown,
         item_store: ItemStore,
         summary: dict[str, Any] | None,
+        stop_key: str | None = None,
     ) -> EvalResult:
         """The endpoint's identity could not be fetched: a finished item recorded at the same
         URLs is reported from the store, marked as not checked; anything that would send
@@ -386,6 +395,7 @@ class ItemEvaluator:
             metadata=item_store.read_metadata(),
             summary=summary,
             num_examples=item.num_examples,
+            stop_key=stop_key,
         ):
             raise EvaluationError(endpoint.reason)
         self._settle_manifest(item, item_store, summary)

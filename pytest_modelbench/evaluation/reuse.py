@@ -83,6 +83,7 @@ def stored_unchecked(
     metadata: Mapping[str, Any] | None,
     summary: Mapping[str, Any] | None,
     num_examples: int | None = None,
+    stop_key: str | None = None,
 ) -> bool:
     """Whether a finished item answers although its endpoint's identity could not be fetched:
     its recorded ``fingerprint_parts`` equal ``parts`` (which lack the identity) but for what the
@@ -102,6 +103,7 @@ def stored_unchecked(
         summary=summary,
         journal_exists=True,
         num_examples=num_examples,
+        stop_key=stop_key,
     )
     return decision.action is Reuse.STORED
 
@@ -112,11 +114,14 @@ def seedable(
     summary: Mapping[str, Any] | None,
     metadata: Mapping[str, Any] | None,
     source: str,
+    stop_key: str | None = None,
 ) -> tuple[bool, str | None]:
     """Whether a ``--restart`` run's item (its ``summary``/``metadata``) can be taken as is:
     (True, None); (False, why) when it is stale; (False, None) when it never finished."""
     if not summary or summary.get("status") != "finished":
         return False, None
+    if not _stop_matches(summary, stop_key):
+        return False, f"not reused from {source}: it stopped early under another stop rule"
     if (
         summary.get("fingerprint") != fingerprint
         or (metadata or {}).get("fingerprint") != fingerprint

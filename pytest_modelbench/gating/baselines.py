@@ -89,7 +89,8 @@ class BaselineBook:
         self.alpha = alpha
         self.baseline_model = baseline_model  # --mb-baseline-model
         self.allow_unfinished = allow_unfinished  # --mb-allow-unfinished-baseline
-        self.stop_early = stop_early  # --mb-stop-early: the fixed-n gate gets what it leaves
+        self.stop_early = stop_early  # --mb-stop-early
+        self.family: int | None = None  # --mb-correction holm: the family's size m
         self.require_same_setup = require_same_setup  # --mb-require-same-setup
         self._files: dict[str, dict[str, BaselineEntrySpec]] = {}
 
@@ -140,6 +141,8 @@ class BaselineBook:
         summary = item.read_summary()
         finished = summary is not None and summary.get("status") == "finished"
         finished = finished and status not in ("running", "interrupted", "error")
+        if finished and summary is not None and summary.get(early.STOPPED):
+            finished, status = False, "stopped early (--mb-stop-early)"  # a prefix
         rows = item.selected_rows(summary) if finished and summary else list(item.journal.latest())
         sums: dict[str, list[float]] = defaultdict(list)
         for row in rows:
@@ -213,12 +216,13 @@ class BaselineBook:
         )
 
     def stop_rule(
-        self, item: ItemKeys, metric: str, family: int | None = None
+        self, item: ItemKeys, metric: str, family: int | None = None, rollouts: int = 1
     ) -> early.StopRule | None:
         """``--mb-stop-early``: when ``item``'s verdict is certain, from its baseline (a value
         on a 0..1 scale, or a reference run's scores); None where no rule applies (no
         baseline, a floor, a reference that cannot be read: the gate then says why).
-        ``family``: Holm's m, over which the early decisions' alpha is split."""
+        ``family``: Holm's m, over which the early decisions' alpha is split; ``rollouts``
+        per example (a baseline's n counts rows, the rule examples)."""
         spec, _ = self.entry_for(item)
         metric = (spec.metric if spec and spec.metric else None) or metric
         run_id = self.baseline_run or (spec.run if spec else None)
@@ -237,10 +241,24 @@ class BaselineBook:
             spec.value,
             margin,
             alpha,
-            baseline_n=spec.n,
+            baseline_n=max(1, spec.n // max(1, rollouts)) if spec.n else None,
             baseline_stderr=spec.stderr,
             metric=metric,
         )
+
+    def _check_stopped(self, result: EvalResult, metric: str, stopped: dict[str, Any]) -> None:
+        """A decision made while the item ran stands only under the rule it was made by (the
+        same baseline, margin and alpha): otherwise one line, never a stale verdict."""
+        entry = result.summary.get("metrics", {}).get(metric) or {}
+        rows, examples = int(entry.get("n") or 0), int(entry.get("examples") or 0)
+        rule = self.stop_rule(result, metric, self.family, max(1, rows // max(1, examples)))
+        if rule is None or stopped.get("rule_key") != rule.key:
+            raise EvaluationError(
+                f"{result.item_id}: stopped early ({stopped.get('decision')} certain at "
+                f"{stopped.get('n_used')} of {stopped.get('n_planned')} examples) under another "
+                "stop rule than its baseline gives now; re-run with --mb-stop-early to continue "
+                "it under this one, or without it to run it to its end"
+            )
 
     def current(self, result: EvalResult, metric: str) -> gates.ScoreSummary:
         entry = result.summary.get("metrics", {}).get(metric) or {}
@@ -275,8 +293,9 @@ class BaselineBook:
         entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
         stopped = result.summary.get(early.STOPPED)
         if isinstance(stopped, dict) and stopped.get("decision"):  # decided while it ran
+            self._check_stopped(result, metric, stopped)
             return gates.stopped_verdict(current, stopped, entry)
-        if self.stop_early:  # early failures spent part of the gate's alpha
+        if result.summary.get(early.RULE_USED):  # early failures spent part of its alpha
             entry_alpha = entry.alpha if entry.alpha is not None else self.alpha
             entry = dataclasses.replace(entry, alpha=early.fixed_alpha(entry_alpha))
         reference = self.reference_scores(run_id, result, metric) if run_id else None
@@ -478,10 +497,21 @@ def _to_write(
     for record in records:
         if record.score is not None:
             by_model[record.model][record.variant].append(record)
-    if include_failed:
-        return by_model
     for model, variants in by_model.items():
         for variant, recs in list(variants.items()):
+            stopped = [r.item_id for r in recs if r.summary.get(early.STOPPED)]
+            if stopped:  # a prefix chosen by optional stopping: its mean is no baseline
+                del variants[variant]
+                _say(
+                    f"--update-baselines: kept {variant!r} in "
+                    f"{display_path(baseline_dir / f'{safe_component(model)}.yaml')}: "
+                    f"{', '.join(stopped)} stopped early (--mb-stop-early); run it to its end "
+                    "to write its baseline",
+                    skipped,
+                )
+                continue
+            if include_failed:
+                continue
             failed = [r.item_id for r in recs if r.verdict is not None and not r.verdict.passed]
             if not failed:
                 continue

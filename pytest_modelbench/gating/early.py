@@ -12,6 +12,7 @@ the fixed-n gate decides as before.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pytest_modelbench.gating.stats.sequential import SequentialTest
 
 RULE_NAME = "anytime-valid betting confidence sequence"
 STOPPED = "stopped_early"  # the summary's record of an item stopped by the rule
+RULE_USED = "stop_rule"  # the summary's key of the rule that read an item while it ran
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,11 @@ class StopRule:
     @property
     def key(self) -> str:
         """What a stopped item's decision depends on: reused only under the same rule."""
-        against = f"run {self.reference_run}" if self.paired else f"value {self.baseline:.12g}"
+        against = f"value {self.baseline:.12g}"
+        if self.reference is not None:  # the reference's scores, not only its name
+            scores = ",".join(f"{k}={float(v):.12g}" for k, v in sorted(self.reference.items()))
+            digest = hashlib.sha256(scores.encode()).hexdigest()[:16]
+            against = f"run {self.reference_run} scores {digest}"
         return (
             f"{self.metric} {against} margin {self.margin:g} below {self.regression_below:.12g} "
             f"above {self.fine_above:.12g} alpha {self.alpha:.6g}/{self.alpha_regression:.6g}"

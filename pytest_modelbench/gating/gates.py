@@ -14,8 +14,9 @@ carries the (1 - 2 alpha) interval for the difference that inverts the same
 test, so a verdict fails exactly when that interval lies below ``-margin``;
 a test that cannot decide (one example, or equal scores outside 0..1 against an exact
 number) is "undecidable": it passes, unless ``--require-baseline`` makes it fail. Equal
-scores are not "no evidence": equal paired differences go to the exact sign-flip test and
-equal scores in [0, 1] to an exact bounded test (or Farrington–Manning on their sum).
+scores are not "no evidence": equal scores in [0, 1] (and equal paired differences of such
+scores, as (d + 1) / 2) go to an exact bounded test, or Farrington–Manning on their sum
+against a baseline with its own n.
 """
 
 from __future__ import annotations
@@ -284,12 +285,13 @@ class NonInferiorityRule:
         else:
             estimate, method = stats.mean_ci(values), "one-sample t"
         constant = _constant(values)
+        if constant and len(rows) > 1 and 0.0 <= values[0] <= 1.0 and 0.0 <= self.value <= 1.0:
+            # before any t-test: a t-test on the baseline's stderr alone is not valid here
+            return self._constant_test(values[0], len(rows), len(values))
         stderr = 0.0 if constant and len(rows) > 1 else estimate.stderr
         result = self._t_test(estimate.value, stderr, len(values), estimate.n, method)
         if not result.undecidable:
             return result
-        if constant and len(rows) > 1 and 0.0 <= values[0] <= 1.0 and 0.0 <= self.value <= 1.0:
-            return self._constant_test(values[0], len(rows), len(values))
         if len(rows) < 2:
             reason = f"one example: {result.reason}; more examples would decide it"
         elif constant:
@@ -304,12 +306,16 @@ class NonInferiorityRule:
         return dataclasses.replace(result, reason=reason)
 
     def _constant_test(self, value: float, examples: int, rows: int) -> stats.NonInferiorityResult:
-        """Every score equals ``value`` in [0, 1] and the baseline gives no spread either:
-        the exact bounded test against an exact baseline, else the Farrington–Manning score
-        test on the scores' sum (a [0, 1] score varies at most as a 0/1 one with its mean)."""
-        if not self.baseline_n:
+        """Every score equals ``value`` in [0, 1]: the exact bounded test against an exact
+        baseline, else the Farrington–Manning score test on the scores' sum (a [0, 1] score
+        varies at most as a 0/1 one with its mean) against the baseline's n (or the n its
+        stderr stands for, v (1 - v) / stderr^2)."""
+        if self.baseline_n:
+            baseline_n = self.baseline_n * examples / rows  # rollouts: a baseline n counts rows
+        elif self.baseline_stderr and 0.0 < self.value < 1.0:
+            baseline_n = self.value * (1.0 - self.value) / self.baseline_stderr**2
+        else:
             return stats.constant_bounded_test(value, examples, self.value, self.margin, self.alpha)
-        baseline_n = self.baseline_n * examples / rows  # rollouts: a baseline n counts rows
         result = stats.farrington_manning_test(
             value * examples, examples, self.value, baseline_n, self.margin, self.alpha
         )
@@ -491,9 +497,8 @@ class PairedRule:
             )
         else:
             if _constant([a - b for a, b in zip(new, ref, strict=True)]):
-                # zero spread is not zero evidence: n equal drops have probability 2^-n
-                result = stats.equal_differences_test(delta, n, -self.margin, confidence)
-            elif self.method == "t":
+                return self._equal_differences(new, ref, estimate, delta, confidence)
+            if self.method == "t":
                 result = stats.paired_t_test(new, ref, -self.margin, "less", confidence)
             else:
                 result = stats.paired_bootstrap_test(
@@ -513,6 +518,40 @@ class PairedRule:
             result.p_value,
             result.ci_low,
             result.ci_high,
+            confidence,
+        )
+
+    def _equal_differences(
+        self, new: list[float], ref: list[float], estimate: float, delta: float, confidence: float
+    ) -> stats.NonInferiorityResult:
+        """Every paired difference equals ``delta``: zero spread, but not zero evidence. With
+        both runs' scores in [0, 1] a difference lies in [-1, 1], so (d + 1) / 2 is a [0, 1]
+        score and the exact bounded test on equal scores decides (n equal drops of 0.8: p =
+        (0.5 / 0.9)^n); its interval maps back to the difference. Off that scale nothing
+        bounds how the differences could vary: undecidable, saying what would decide it."""
+        n = len(new)
+        if not all(0.0 <= v <= 1.0 for v in (*new, *ref)):
+            reason = (
+                f"every paired difference is {_signed(delta)} and the scores are not on a 0..1 "
+                "scale, so nothing bounds how they could vary; more varied examples or a value "
+                "baseline with its stderr would decide it"
+            )
+            test = "paired t-test" if self.method == "t" else "paired bootstrap"
+            return stats.NonInferiorityResult(
+                test, estimate, delta, self.margin, None, math.nan, math.nan, confidence, reason
+            )
+        null = (1.0 - self.margin) / 2.0
+        result = stats.constant_bounded_test(
+            (delta + 1.0) / 2.0, n, null, 0.0, round(0.5 * (1.0 - confidence), 12)
+        )
+        return stats.NonInferiorityResult(
+            f"exact test for {n} equal paired differences in [-1, 1]",
+            estimate,
+            delta,
+            self.margin,
+            result.p_value,
+            2.0 * (result.ci_low + null) - 1.0,
+            2.0 * (result.ci_high + null) - 1.0,
             confidence,
         )
 

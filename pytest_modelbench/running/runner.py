@@ -12,7 +12,6 @@ errors, never as wrong answers. Heavy scorers run in worker processes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -191,8 +190,12 @@ async def _until_stopped(lanes: Awaitable[None], stop: asyncio.Event) -> None:
         waiting.cancel()
         if not running.done():
             running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await running  # a lane's own error still ends the loop
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and getattr(task, "cancelling", lambda: 0)():
+                raise  # this loop itself is being cancelled (Ctrl-C): not the stop's cancel
 
 
 async def run_lanes(

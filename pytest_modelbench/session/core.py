@@ -532,7 +532,8 @@ class ModelbenchSession:
         from pytest_modelbench.gating.baselines import ItemRef
 
         ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
-        return self.baseline_book().stop_rule(ref, metric, self.holm_family)
+        rollouts = item.variant.rollouts_per_example
+        return self.baseline_book().stop_rule(ref, metric, self.holm_family, rollouts)
 
     def server_pool(self) -> Any:
         """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
@@ -604,6 +605,7 @@ class ModelbenchSession:
                 stop_early=self.options.stop_early,
                 require_same_setup=self.options.require_same_setup,
             )
+            self._book.family = self.holm_family  # the stop rule's alpha / m under Holm
         return self._book
 
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:

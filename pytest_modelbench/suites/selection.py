@@ -105,14 +105,11 @@ def select_examples(examples: Sequence[E], limit: int) -> list[E]:
 
 
 def sample_order(examples: Sequence[E]) -> list[E]:
-    """The selected examples in a seeded random order, stratified where they have subjects:
-    each example's place within its subject by a hash of its id (the same order on every
-    machine, run and resume), subjects interleaved in proportion as :func:`stratified_order`
-    does. ``--mb-stop-early`` reads results in this order, so any prefix of it is a random
-    sample of the item."""
-    keyed = sorted(
-        range(len(examples)),
-        key=lambda i: hashlib.sha256(ORDER_SALT + examples[i].id.encode()).digest(),
+    """The selected examples in a seeded uniformly random order: sorted by a hash of each id
+    (the same order on every machine, run and resume). ``--mb-stop-early`` reads results in
+    this order, so any prefix of it is a simple random sample of the item. Not stratified:
+    interleaving subjects by their size puts the large ones first, and an early decision would
+    read a biased sample (the subjects' share evens out as the prefix grows either way)."""
+    return sorted(
+        examples, key=lambda example: hashlib.sha256(ORDER_SALT + example.id.encode()).digest()
     )
-    strata = [str(examples[i].meta.get(STRATUM_KEY, "")) for i in keyed]
-    return [examples[keyed[j]] for j in _stratified_indexes(strata)]

@@ -272,7 +272,8 @@ def test_a_rubric_collapse_to_constant_partial_credit_fails_the_paired_gate(
     project: Project, sim: Any, taskset: str
 ) -> None:
     """Yesterday every task scored 1.5 (right and brief); today's checkpoint stays brief and gets
-    every answer wrong: 0.5 on every task, 8 equal drops, p = 2^-8 (before: "undecidable")."""
+    every answer wrong: 0.5 on every task, 8 equal drops of 1.0, p = 0.5^8 by the exact bounded
+    test (before: "undecidable")."""
     right_first = {
         q: (f"The answer is {a}", "Hmm, after a long deliberation: 99")
         for q, a in QUESTIONS.items()
@@ -290,7 +291,7 @@ def test_a_rubric_collapse_to_constant_partial_credit_fails_the_paired_gate(
     result.stdout.fnmatch_lines(
         [
             f"toy reward 0.500 * vs run {yesterday.name} 1.500 (margin 0, 8 paired examples): "
-            "regression of 1.000, Δ -1.000, 90% CI ?-1.000, -1.000?, p=0.004, exact sign-flip "
-            "test (every difference equal); 8 worse*"
+            "regression of 1.000, Δ -1.000, 90% CI ?-1.000, -0.375?, p=0.004, exact test for 8 "
+            "equal paired differences in ?-1, 1?; 8 worse*"
         ]
     )

@@ -103,19 +103,21 @@ def test_the_rule_reads_the_samples_order_not_arrival_order() -> None:
     assert stopper.decision is None  # a true 0.5 against 0.5: never certain
 
 
-def test_sample_order_is_a_stratified_shuffle_fixed_by_the_ids() -> None:
+def test_sample_order_is_a_uniform_shuffle_fixed_by_the_ids() -> None:
+    """Every subject's examples are spread over the order as chance has it (a prefix is a
+    simple random sample), never the large subjects first."""
     examples = [
         Example(id=f"{s}{i}", messages=(), gold="g", meta={"subject": s})
-        for s in ("a", "b")
-        for i in range(50)
+        for s, size in (("big", 400), *((f"small{j}-", 10) for j in range(20)))
+        for i in range(size)
     ]
     order = sample_order(examples)
     assert sorted(e.id for e in order) == sorted(e.id for e in examples)
     assert [e.id for e in order] == [e.id for e in sample_order(list(reversed(examples)))]
-    first = [e.meta["subject"] for e in order[:20]]
-    assert first.count("a") == 10  # interleaved in proportion
-    a_ids = [e.id for e in order if e.meta["subject"] == "a"]
-    assert a_ids != sorted(a_ids, key=lambda x: int(x[1:]))  # not file order within a subject
+    first = [e.meta["subject"] for e in order[:100]]
+    assert 19 <= sum(s != "big" for s in first) <= 47  # a third small (± 3 sd), as in the item
+    big = [e.id for e in order if e.meta["subject"] == "big"]
+    assert big != sorted(big, key=lambda x: int(x[3:]))  # not file order
 
 
 def test_holm_splits_alpha_over_the_family() -> None:
@@ -161,3 +163,23 @@ def test_a_resumed_item_reaches_the_same_decision(qa: tuple[Project, Any]) -> No
     assert (again["decision"], again["n_used"]) == (first["decision"], first["n_used"])
     assert again["ci_high"] == pytest.approx(first["ci_high"])
     assert _completions(server) <= first["n_used"] - 8 + 4
+
+
+def test_a_stopped_item_is_not_reused_under_another_baseline(qa: tuple[Project, Any]) -> None:
+    """Stopped as a regression against 0.65 (and kept out of --update-baselines: a prefix
+    chosen by optional stopping is no baseline); the baseline is then lowered: the old
+    decision does not stand, the item continues under the new rule from its journal."""
+    project, _ = qa
+    args = ["benchmarks/", "--model", "alpha", "--mb-stop-early"]
+    baselines = project.root / "configs" / "baselines" / "alpha.yaml"
+    result = project.pytester.runpytest(*args, "--update-baselines")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*kept 'qa' *alpha-qa-seed0 stopped early (--mb-stop-early)*"])
+    assert baselines.read_text() == "qa: {value: 0.65}\n"
+    first = _summary(project)["stopped_early"]
+    baselines.write_text("qa: {value: 0.02, margin: 0.01}\n")
+    again = project.pytester.runpytest(*args)
+    assert again.ret in (0, 1), again.stdout.str()
+    summary = _summary(project)
+    assert summary["stop_rule"] != first["rule_key"]
+    assert summary.get("stopped_early", {}).get("rule_key") != first["rule_key"]

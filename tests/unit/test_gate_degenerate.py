@@ -39,48 +39,50 @@ def flat(score: float, n: int, rollouts: int = 1) -> dict[str, list[float]]:
 # --------------------------------------------------------------------------- paired
 
 
-def test_twenty_equal_drops_fail_with_p_two_to_the_minus_twenty() -> None:
-    """Yesterday 1.0 on every example; today's checkpoint keeps the format and scores 0.2."""
+def test_twenty_equal_drops_fail_by_the_exact_bounded_test() -> None:
+    """Yesterday 1.0 on every example; today's checkpoint keeps the format and scores 0.2. A
+    difference of two 0..1 scores lies in [-1, 1]: (d + 1) / 2 is a [0, 1] score, all equal
+    to 0.1, against a null mean of 0.5: p = (0.5 / 0.9)^20 (a sign test's 2^-20 would assume
+    the differences symmetric, which the null of a mean does not give)."""
     reference = {f"q{i}": 1.0 for i in range(20)}
     verdict = PairedRule(reference).evaluate(ScoreSummary("reward", 0.2, 20, 0.0), flat(0.2, 20))
     assert not verdict.passed and verdict.status == "fail"
-    assert verdict.p_value == 2.0**-20
-    assert verdict.p_value == pytest.approx(
-        scipy_stats.binomtest(0, 20, 0.5, alternative="less").pvalue, rel=1e-12
-    )
-    assert verdict.test == "exact sign-flip test (every difference equal)"
-    assert (verdict.delta_ci_low, verdict.delta_ci_high) == pytest.approx((-0.8, -0.8))
-    assert "regression of 0.800, Δ -0.800, 90% CI [-0.800, -0.800], p<0.001" in verdict.message
+    assert verdict.p_value == pytest.approx((0.5 / 0.9) ** 20, rel=1e-12)
+    assert verdict.test == "exact test for 20 equal paired differences in [-1, 1]"
+    root = 0.05 ** (1 / 20)
+    assert verdict.delta_ci_high == pytest.approx(2 * (1 - 0.9 * root) - 1 - 0.0)
+    assert "regression of 0.800, Δ -0.800" in verdict.message and "p<0.001" in verdict.message
     assert agrees_with_its_interval(verdict)
 
 
-@pytest.mark.parametrize("n", [5, 8, 12])
+@pytest.mark.parametrize("n", [5, 8, 12, 40])
 @pytest.mark.parametrize(("shift", "margin"), [(-0.3, 0.0), (-0.3, 0.25), (-0.3, 0.4), (0.1, 0.0)])
-def test_equal_differences_match_scipys_sign_flip_permutation_test(
+def test_equal_differences_hold_their_size_at_the_least_favourable_null(
     n: int, shift: float, margin: float
 ) -> None:
-    reference = {f"q{i}": 0.5 + 0.03 * i for i in range(n)}
+    """The bound is attained: differences on {d, 1} with mean exactly -margin are all d with
+    probability p itself, so the test rejects at most alpha of the time (known truth)."""
+    reference = {f"q{i}": 0.5 + 0.01 * i for i in range(n)}
     current = {key: [value + shift] for key, value in reference.items()}
     for method in ("auto", "t", "bootstrap"):
         rule = PairedRule(reference, margin=margin, method=method)  # type: ignore[arg-type]
         verdict = rule.evaluate(ScoreSummary("reward", 0.5, n, 0.0), current)
-        differences = np.array([shift + margin] * n)  # the shifted null: mean >= 0
-        exact = scipy_stats.permutation_test(
-            (differences,),
-            np.mean,
-            permutation_type="samples",
-            alternative="less",
-            n_resamples=math.inf,
-        )
-        assert verdict.p_value == pytest.approx(exact.pvalue, rel=1e-9), (method, verdict)
-        assert verdict.passed == (exact.pvalue >= 0.05)
+        y, null = (shift + 1) / 2, (1 - margin) / 2
+        expected = 1.0 if y >= null else ((1 - null) / (1 - y)) ** n
+        assert verdict.p_value == pytest.approx(expected, rel=1e-9), (method, verdict)
+        assert verdict.passed == (expected >= 0.05)
         assert agrees_with_its_interval(verdict)
+    y, null = (shift + 1) / 2, (1 - margin) / 2
+    if y < null:  # P(all n at y) under the two-point law on {y, 1} with mean null
+        p_low = (1 - null) / (1 - y)
+        assert scipy_stats.binom.pmf(n, n, p_low) == pytest.approx(((1 - null) / (1 - y)) ** n)
 
 
-def test_too_few_equal_pairs_cannot_reject_and_say_so_by_an_unbounded_interval() -> None:
-    result = stats.equal_differences_test(-0.8, 4, 0.0, 0.90)
-    assert result.p_value == 1 / 16 and result.p_value > 0.05
-    assert (result.ci_low, result.ci_high) == (-math.inf, math.inf)
+def test_equal_differences_off_the_0_1_scale_are_undecidable() -> None:
+    reference = {f"q{i}": 5.0 for i in range(10)}
+    verdict = PairedRule(reference).evaluate(ScoreSummary("r", 4.0, 10, 0.0), flat(4.0, 10))
+    assert verdict.passed and verdict.status == "undecidable"
+    assert "not on a 0..1 scale" in verdict.undecidable and "would decide it" in verdict.undecidable
 
 
 # --------------------------------------------------------------------------- value gates
@@ -134,9 +136,12 @@ def test_constant_scores_against_a_baseline_with_its_own_n() -> None:
     rollouts = flat(0.2, 20, rollouts=4)  # a baseline n counts rows, as summary.json's does
     again = value_gate(1.0, n=80, stderr=0.0).evaluate(summary_of(rollouts, "reward"), rollouts)
     assert again.p_value == pytest.approx(expected.p_value)
-    # a baseline with a spread of its own is the Welch t-test, as before
-    welch = value_gate(0.95, n=20, stderr=0.02).evaluate(summary_of(rows, "reward"), rows)
-    assert not welch.passed and welch.test.startswith("Welch t")
+    # a baseline with a stderr of its own: Farrington–Manning against the n it stands for,
+    # never a t-test on the baseline's spread alone (this run has none to show)
+    noisy = value_gate(0.5, stderr=0.01).evaluate(summary_of(flat(0.47, 10), "r"), flat(0.47, 10))
+    fm = stats.farrington_manning_test(4.7, 10, 0.5, 0.25 / 0.01**2)
+    assert noisy.passed and noisy.p_value == pytest.approx(fm.p_value)
+    assert noisy.test == "Farrington–Manning score on 10 equal scores in [0, 1]"
 
 
 def test_require_baseline_fails_what_the_data_cannot_decide() -> None:

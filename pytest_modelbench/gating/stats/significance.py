@@ -217,44 +217,6 @@ def _differences(x: Sequence[float], y: Sequence[float]) -> list[float]:
     return [a - b for a, b in zip(x, y, strict=True)]
 
 
-def equal_differences_test(
-    difference: float,
-    n: int,
-    null_difference: float = 0.0,
-    confidence: float = 0.95,
-) -> PairedResult:
-    """Exact one-sided sign-flip (permutation) test of H0: mean(x - y) >= ``null_difference``
-    when all ``n`` paired differences equal ``difference``: the case where the paired t-test
-    and the bootstrap see zero spread and cannot decide.
-
-    Under H0 each shifted difference ``d - null`` is as likely negative as positive, so
-    ``n`` equal drops beyond the null have probability 2^-n (``scipy.stats.binomtest(0, n,
-    0.5, alternative="less")``, or ``permutation_test`` flipping signs). The interval the test
-    inverts at (1 - confidence) / 2 per side is the point ``[difference, difference]`` when
-    2^-n is below that level, and unbounded when no outcome of n pairs could reject.
-    """
-    if n < 1:
-        raise ValueError(f"equal_differences_test needs at least 1 pair, got {n}")
-    gap = difference - null_difference
-    below = gap < -1e-12 * max(1.0, abs(difference), abs(null_difference))
-    p = 0.5**n if below else 1.0
-    tail = round(0.5 * (1.0 - confidence), 12)
-    low, high = (difference, difference) if 0.5**n < tail else (-math.inf, math.inf)
-    return PairedResult(
-        "exact sign-flip test (every difference equal)",
-        "less",
-        n,
-        difference,
-        0.0,
-        null_difference,
-        gap,
-        p,
-        low,
-        high,
-        confidence,
-    )
-
-
 def paired_t_test(
     x: Sequence[float],
     y: Sequence[float],
