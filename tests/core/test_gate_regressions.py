@@ -142,8 +142,9 @@ def test_checkpoints_pair_across_model_names(project: Project, sim: Any) -> None
     )
     args = ["--baseline-run", "two", "--mb-baseline-model", "ckpt-0601"]
     run("benchmarks/", "--model", "ckpt-0603", *args).assert_outcomes(passed=1)
-    (latest,) = [d for d in project.run_dirs() if (d / "ckpt-0603-qa-seed0").is_dir()]
-    verdict = _verdict(latest, "ckpt-0603-qa-seed0")
+    results = [d / "ckpt-0603-qa-seed0" / "result.json" for d in project.run_dirs()]
+    latest = max((r for r in results if r.is_file()), key=lambda r: r.stat().st_mtime_ns)
+    verdict = _verdict(latest.parent.parent, "ckpt-0603-qa-seed0")
     assert "vs ckpt-0601 in run two 0.467 (margin 0, 30 paired examples)" in verdict["message"]
 
 
