@@ -268,30 +268,46 @@ def test_the_key_reaches_verifiers_under_a_name_harnesses_never_see(
         assert os.environ[KEY_VAR] == "EMPTY"
 
 
+PARTIAL_TASKSET = TASKSET.replace("@vf.reward(weight=1.0)", "@vf.reward(weight=0.8)").replace(
+    "@vf.reward(weight=0.5)", "@vf.reward(weight=0.2)"
+)
+
+
 def test_a_rubric_collapse_to_constant_partial_credit_fails_the_paired_gate(
-    project: Project, sim: Any, taskset: str
+    project: Project, sim: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Yesterday every task scored 1.5 (right and brief); today's checkpoint stays brief and gets
-    every answer wrong: 0.5 on every task, 8 equal drops of 1.0, p = 0.5^8 by the exact bounded
-    test (before: "undecidable")."""
+    """The issue's rubric: 0.8 for the right answer, 0.2 for a brief one. Yesterday every task
+    scored 1.0; today's checkpoint stays brief and gets every answer wrong: 0.2 on every task,
+    8 equal drops of 0.8, p = (0.5 / 0.9)^8 = 0.009 by the exact bounded test (before:
+    "undecidable", a pass)."""
+    packages = project.root / "partialpkgs"
+    (packages / "partial_tasks").mkdir(parents=True)
+    (packages / "partial_tasks" / "__init__.py").write_text(PARTIAL_TASKSET)
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(packages), os.environ.get("PYTHONPATH")]))
+    )
     right_first = {
         q: (f"The answer is {a}", "Hmm, after a long deliberation: 99")
         for q, a in QUESTIONS.items()
     }
     server = sim(accuracy=1.0, lookup=right_first)
     project.models({"vf": {"model": "sim-model", "api_base_url": server.base_url}})
-    project.env("toy", [{"id": "toy", "module": f"verifiers:{taskset}"}])
-    project.pytester.runpytest("benchmarks/", "--model", "vf").assert_outcomes(passed=1)
-    (yesterday,) = project.run_dirs()
-    server.reconfigure(accuracy=0.0)
-    result = project.pytester.runpytest(
-        "benchmarks/", "--model", "vf", "--baseline-run", yesterday.name
-    )
+    project.env("toy", [{"id": "toy", "module": "verifiers:partial-tasks"}])
+    try:
+        project.pytester.runpytest("benchmarks/", "--model", "vf").assert_outcomes(passed=1)
+        (yesterday,) = project.run_dirs()
+        server.reconfigure(accuracy=0.0)
+        result = project.pytester.runpytest(
+            "benchmarks/", "--model", "vf", "--baseline-run", yesterday.name
+        )
+    finally:
+        sys.modules.pop("partial_tasks", None)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            f"toy reward 0.500 * vs run {yesterday.name} 1.500 (margin 0, 8 paired examples): "
-            "regression of 1.000, Δ -1.000, 90% CI ?-1.000, -0.375?, p=0.004, exact test for 8 "
+            f"toy reward 0.200 * vs run {yesterday.name} 1.000 (margin 0, 8 paired examples): "
+            "regression of 0.800, Δ -0.800, 90% CI ?-0.862, -0.238?, p=0.009, exact test for 8 "
             "equal paired differences in ?-1, 1?; 8 worse*"
         ]
     )
