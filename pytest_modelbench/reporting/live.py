@@ -9,7 +9,8 @@ is shown even while pytest captures the running test's output.
 
 In a log, lines at the default interval back off (15 s, 30 s, 1 min, ... then every
 5 min) and a line is skipped when no example finished since the last one, so a long run
-does not bury the log in progress lines.
+does not bury the log in progress lines; but one is written at least every 5 min, so a CI
+job with a no-output timeout sees the run alive through a long model download or start.
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ class LiveProgress:
         self.interval_s = interval_s
         self.backoff = backoff
         self._last_done: int | None = None  # examples done at the last line written
+        self._last_line_at = time.monotonic()  # when it was written (a heartbeat's clock)
         self.fd = fd
         self.local = local
         self.directory = directory
@@ -294,8 +296,13 @@ class LiveProgress:
                 return
             if self.mode == "tty":
                 self._draw(status_line(view, max(20, self.width() - 1)))
-            elif view.examples_done != self._last_done:  # a log: only lines that say more
+            elif (  # a log: only lines that say more, and one at least every 5 min (a CI
+                # job with a no-output timeout must not be killed during a long server start)
+                view.examples_done != self._last_done
+                or time.monotonic() - self._last_line_at >= LINES_MAX_INTERVAL_S
+            ):
                 self._last_done = view.examples_done
+                self._last_line_at = time.monotonic()
                 self._write_lines(plain_lines(view))
 
     # -- output ------------------------------------------------------------------------------
