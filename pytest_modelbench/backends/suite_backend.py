@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.records import RULE_USED, STOPPED
 from pytest_modelbench.suites.contract import (
     Example,
     Suite,
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
 
 SCORER_VERSION = 1
-STOPPED = "stopped_early"  # gating.early.STOPPED: the summary's record of an item stopped early
-RULE_USED = "stop_rule"  # gating.early.RULE_USED: the rule that read an item to its end
 PARSE_CHUNK = 64  # journal lines parsed between two turns of the event loop (about 1 ms)
 Units = Iterator[tuple[Example, int]]
 

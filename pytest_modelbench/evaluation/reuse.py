@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_modelbench.planning.fingerprint import describe_changes, digest
+from pytest_modelbench.store.records import STOPPED
 
 
 class Reuse(enum.Enum):
@@ -71,7 +72,7 @@ def decide(
 def _stop_matches(summary: Mapping[str, Any], stop_key: str | None) -> bool:
     """A summary of an item stopped early (``--mb-stop-early``) stands only under the same
     rule (baseline, margin, alpha); otherwise the item continues from its journal."""
-    stopped = summary.get("stopped_early")
+    stopped = summary.get(STOPPED)
     return not isinstance(stopped, Mapping) or stopped.get("rule_key") == stop_key
 
 

@@ -25,6 +25,7 @@ from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.gating import early, gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.item import PlannedItem
+from pytest_modelbench.store.records import RULE_USED, STOPPED
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 from pytest_modelbench.store.setup import SetupRecord, compare_setups
@@ -141,7 +142,7 @@ class BaselineBook:
         summary = item.read_summary()
         finished = summary is not None and summary.get("status") == "finished"
         finished = finished and status not in ("running", "interrupted", "error")
-        if finished and summary is not None and summary.get(early.STOPPED):
+        if finished and summary is not None and summary.get(STOPPED):
             finished, status = False, "stopped early (--mb-stop-early)"  # a prefix
         rows = item.selected_rows(summary) if finished and summary else list(item.journal.latest())
         sums: dict[str, list[float]] = defaultdict(list)
@@ -291,11 +292,11 @@ class BaselineBook:
             self._check_range(spec, f"{path}: {key}", result, metric)
         data = spec.model_dump() if spec else {"run": run_id}
         entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
-        stopped = result.summary.get(early.STOPPED)
+        stopped = result.summary.get(STOPPED)
         if isinstance(stopped, dict) and stopped.get("decision"):  # decided while it ran
             self._check_stopped(result, metric, stopped)
             return gates.stopped_verdict(current, stopped, entry)
-        if result.summary.get(early.RULE_USED):  # early failures spent part of its alpha
+        if result.summary.get(RULE_USED):  # early failures spent part of its alpha
             entry_alpha = entry.alpha if entry.alpha is not None else self.alpha
             entry = dataclasses.replace(entry, alpha=early.fixed_alpha(entry_alpha))
         reference = self.reference_scores(run_id, result, metric) if run_id else None
@@ -499,7 +500,7 @@ def _to_write(
             by_model[record.model][record.variant].append(record)
     for model, variants in by_model.items():
         for variant, recs in list(variants.items()):
-            stopped = [r.item_id for r in recs if r.summary.get(early.STOPPED)]
+            stopped = [r.item_id for r in recs if r.summary.get(STOPPED)]
             if stopped:  # a prefix chosen by optional stopping: its mean is no baseline
                 del variants[variant]
                 _say(

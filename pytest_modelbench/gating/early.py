@@ -22,8 +22,6 @@ from pytest_modelbench.gating.stats.distributions import normal_ppf
 from pytest_modelbench.gating.stats.sequential import SequentialTest
 
 RULE_NAME = "anytime-valid betting confidence sequence"
-STOPPED = "stopped_early"  # the summary's record of an item stopped by the rule
-RULE_USED = "stop_rule"  # the summary's key of the rule that read an item while it ran
 
 
 @dataclass(frozen=True)

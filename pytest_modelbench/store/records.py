@@ -18,6 +18,9 @@ from typing import Any, TypedDict
 
 JOURNAL_ROW_VERSION = 1  # the "v" field of every journal row
 SUMMARY_VERSION = 1
+# summary.json fields of --mb-stop-early (gating.early decides, backends write, reuse reads)
+STOPPED = "stopped_early"  # the record of an item stopped once its verdict was certain
+RULE_USED = "stop_rule"  # the key of the rule that read an item while it ran
 METADATA_VERSION = 1
 MANIFEST_VERSION = 1
 PROPERTY_PREFIX = "mb_"
