@@ -354,7 +354,10 @@ pid = _posixsubprocess.fork_exec(
     -1, -1, -1, -1, -1, -1, r, w, False, False, -1, None, None, None, -1, None, False,
 )
 os.close(w)
-print("CHILD SAID", os.read(r, 200), flush=True)
+said = b""
+while chunk := os.read(r, 200):  # the child writes its error in several pieces
+    said += chunk
+print("CHILD SAID", said, flush=True)
 os.waitpid(pid, 0)
 """
 
