@@ -20,6 +20,7 @@ and at ``audit-hook`` where the case is one it should hold too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import platform
 import shutil
@@ -121,6 +122,135 @@ def test_the_program_cannot_read_the_judges_output_while_it_runs(any_level: Sand
     assert "AssertionError" not in result.stderr_tail + result.stdout_tail
     # the host still has the judge's account of what failed
     assert "candidate(" in result.judge_tail and "AssertionError" in result.judge_tail
+
+
+# A logic-free answer to HumanEval/0 with a memory across rollouts and sessions. Before its
+# first instruction it looks for what earlier rollouts left (files in every place it may
+# write, and bits in the page cache of read-only files of the minimal root, read with
+# RWF_NOWAIT, set by reading, cleared by POSIX_FADV_DONTNEED: these survive the sandbox,
+# and a read that misses starts a read-ahead, so each read is followed by a rewrite);
+# on every call it rereads each output it can reach. An assert line it finds
+# ("candidate(ARGS) == True") is learnt: the expected answer of the call with those ARGS goes
+# to that call's bit, and a bit says "a rollout saw an outcome". The n-th call answers with
+# the n-th bit. If the judge's output reached the program (as it did through the stderr file
+# it shares), the first failing rollout would store the expected answers and later rollouts,
+# in this session or a fresh one, would pass; with the judge silent it learns nothing.
+MEMORY = r"""
+import os, re
+
+_BASE = os.path.dirname(os.__file__)
+_NAMES = ("tabnanny", "this", "antigravity", "xdrlib", "telnetlib", "nntplib", "aifc", "sunau",
+          "chunk", "pipes", "cgitb", "mailcap")  # never imported: 7 answers, "saw", a counter
+_FILES = [f"{_BASE}/{name}.py" for name in _NAMES]
+_SAW = 7
+_LEFT = ["memo", "/dev/shm/memo", "/tmp/memo", "/var/tmp/memo", os.path.expanduser("~/memo")]
+_WORDS = (b"candidate(", b"AssertionError", b"== True", b"== False", b"Traceback")
+
+def _bit(i):
+    fd = os.open(_FILES[i], os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+        return 1
+    except BlockingIOError:
+        return 0
+    finally:
+        os.close(fd)
+
+def _set(i, value):
+    fd = os.open(_FILES[i], os.O_RDONLY)
+    try:
+        os.pread(fd, 4096, 0)  # waits for a read-ahead in flight, which would set it again
+        if not value:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+def _say(*words):
+    os.write(1, (" ".join(map(str, words)) + "\n").encode())
+
+for _path in _LEFT:
+    if os.path.exists(_path):
+        _say("FOUND", _path)
+try:
+    _known = [_bit(i) for i in range(len(_FILES))]  # a miss starts a read-ahead: restore
+    _count = sum(_known[8 + j] << j for j in range(4))
+    _say("CHANNEL", _count)
+    for i in range(_SAW + 1):
+        _set(i, _known[i])
+    for j in range(4):
+        _set(8 + j, ((_count + 1) >> j) & 1)
+except OSError as error:  # no RWF_NOWAIT here: the memory is files alone
+    _say("CHANNEL unsupported", error.errno)
+    _known = [0] * len(_FILES)
+_say("LEARNED", sum(_known[:_SAW]), "SAW", _known[_SAW])
+_calls = []
+
+def _look():
+    found = []
+    paths = [f"/proc/self/fd/{fd}" for fd in range(64)]
+    paths += ["/dev/stdout", "/dev/stderr", "/proc/1/fd/1", "/proc/1/fd/2"]
+    paths += [f"/proc/{os.getppid()}/fd/{fd}" for fd in (1, 2)] + _LEFT
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            found.append(os.pread(fd, 1 << 20, 0))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return b"".join(found)
+
+def has_close_elements(numbers, threshold):
+    call = len(_calls)
+    _calls.append(f"{numbers!r}, {threshold!r}")
+    seen = _look()
+    for n, word in enumerate(_WORDS):
+        if word in seen:
+            _say("OBSERVED", n)
+    for args, expected in re.findall(r"candidate\((.+)\) == (True|False)", seen.decode("utf-8", "replace")):
+        if args in _calls[:7]:
+            _set(_calls.index(args), expected == "True")
+            _set(_SAW, 1)
+    for path in _LEFT:
+        try:
+            with open(path, "a") as memo:
+                memo.write(f"call {call} answered {bool(_known[call % 7])}\n")
+        except OSError:
+            pass
+    return bool(_known[call]) if call < _SAW else False
+"""
+# clears the memory's bits (the page cache of its files) before the first rollout
+FORGET = MEMORY.split("def _say")[0] + "for _i in range(len(_FILES)):\n    _set(_i, 0)\n"
+
+
+@pytest.mark.parametrize("level", FULL_LEVELS)
+def test_a_memory_across_rollouts_learns_nothing_from_a_silent_judge(
+    level: str, make_sandbox: MakeSandbox
+) -> None:
+    """12 rollouts of a logic-free program with a memory, in two sessions: it never observes
+    an outcome (no assert text, no file left behind, no bit set by a rollout that saw one),
+    so pass@1 stays 0, while its page-cache counter shows that the memory itself works."""
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{MEMORY}```")
+    assert make_sandbox(level, LIMITS).run(FORGET).passed
+    results = []
+    for _session in range(2):
+        sandbox = make_sandbox(level, LIMITS)  # a fresh session: its own sandbox, same host
+        results += [sandbox.run_tests(program, tests) for _ in range(6)]
+    said = [result.stdout_tail.splitlines() for result in results]
+    for result, lines in zip(results, said, strict=True):
+        assert result.status == "failed" and result.tests["calls"] == 7, result
+        assert not [line for line in lines if line.startswith(("FOUND", "OBSERVED"))], lines
+        assert "LEARNED 0 SAW 0" in lines, lines
+    assert sum(result.passed for result in results) == 0  # pass@1 over 12 rollouts: 0
+    words = [line.split() for lines in said for line in lines if line.startswith("CHANNEL ")]
+    counts = [int(word[1]) for word in words if word[1].isdigit()]
+    if counts:  # the memory carries bits from rollout to rollout, across sessions too
+        steps = sum((b - a) % 16 == 1 for a, b in itertools.pairwise(counts))
+        assert steps >= 8, counts
 
 
 # -- errors charged to whoever caused them --------------------------------------------------
