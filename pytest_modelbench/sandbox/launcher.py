@@ -456,6 +456,13 @@ def init(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     os._exit(0)
 
 
+def in_cgroups(name: str, count: int) -> bool:
+    """Whether ``/proc/self/cgroup`` shows this process in a cgroup called ``name`` in
+    ``count`` hierarchies (the check behind "limited for the whole program")."""
+    with open("/proc/self/cgroup") as lines:
+        return sum(line.rstrip("\n").endswith("/" + name) for line in lines) == count
+
+
 def read_config(fd: int) -> dict[str, Any]:
     """The configuration the host wrote into the pipe ``fd`` (then closed: no process of the
     program's inherits it)."""
@@ -474,10 +481,14 @@ def main() -> None:
     joined = os.environ.pop(CGROUP_VAR, None)  # bwrap: the shell that started it joined
     if joined == "1":
         iso["cgroup"] = config.get("cgroup_controllers") or []
+    elif joined is not None:
+        iso["cgroup_error"] = "the shell that starts bubblewrap is not in the run's cgroup"
     elif config.get("cgroup_procs") and config["level"] != "bwrap":
         try:
             for procs in config["cgroup_procs"]:
                 namespaces.write_file(procs, str(os.getpid()))
+            if not in_cgroups(config["cgroup_name"], len(config["cgroup_procs"])):
+                raise OSError("/proc/self/cgroup does not show the run's cgroup")
             iso["cgroup"] = config.get("cgroup_controllers") or []
         except OSError as error:
             iso["cgroup_error"] = str(error)

@@ -463,6 +463,78 @@ def test_memory_is_limited_for_the_whole_program(full: Sandbox, scratch: Path) -
     assert left == []
 
 
+class _Unwatched(cgroups.ProgramCgroup):
+    """A "cgroup" whose process list is a plain file: writing to it succeeds, but no process
+    is ever in it (what a write that seemed to hold looks like)."""
+
+    def destroy(self, timeout: float = 5.0) -> None:
+        del timeout  # nothing to kill or remove
+
+
+@pytest.mark.parametrize("level", FULL_LEVELS)
+def test_limits_are_whole_program_only_when_the_run_was_seen_inside_its_cgroup(
+    level: str, make_sandbox: MakeSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The join is checked in /proc/self/cgroup, not taken from the write: a run that is not
+    inside its cgroup is said to be limited per process, in the run and in the summary."""
+    made: list[Path] = []
+
+    def unwatched(name: str, max_pids: int, memory_bytes: int) -> cgroups.ProgramCgroup:
+        folder = tmp_path / name
+        folder.mkdir(mode=0o755)
+        (folder / "cgroup.procs").touch(mode=0o666)
+        made.append(folder)
+        return _Unwatched((folder,), ("pids", "memory"))
+
+    monkeypatch.setattr(host.ProgramCgroup, "create", staticmethod(unwatched))
+    sandbox = make_sandbox(level, LIMITS)
+    result = sandbox.run("print('ok')")
+    assert result.passed, result
+    assert (made[-1] / "cgroup.procs").read_text().strip().isdigit()  # the write held
+    assert result.isolation["cgroup"] == [] and "cgroup" in result.isolation["cgroup_error"]
+    limits = sandbox.describe()["limits"]
+    assert limits["memory_scope"].startswith("per process"), limits
+    assert limits["processes_scope"].startswith("per process"), limits
+
+
+def _cgroup_v2_folder() -> Path | None:
+    """This process's cgroup in a cgroup v2 hierarchy (the unified one, or the only one)."""
+    mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    v2 = [fields[1] for fields in mounts if fields[2] == "cgroup2"]
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    own = [line[3:] for line in lines if line.startswith("0::")]
+    return Path(v2[0] + own[0]) if v2 and own else None
+
+
+def test_as_root_bubblewrap_joins_a_cgroup_v2_cgroup(
+    make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On cgroup v2 a process may only be moved by one who may write the process list of
+    the cgroup it comes from: as root, the shell that starts bubblewrap (the sandbox user)
+    joins through a descriptor the host opened, and the run is seen inside."""
+    if os.geteuid() != 0:
+        pytest.skip("as root only (otherwise bubblewrap runs as the caller)")
+    own = _cgroup_v2_folder()
+    parent = own / f"modelbench-test-{os.getpid()}" if own else None
+    try:
+        assert parent is not None
+        parent.mkdir()
+    except (AssertionError, OSError) as error:
+        pytest.skip(f"no cgroup v2 hierarchy to make a cgroup in here: {error!r}")
+
+    def on_v2(name: str, max_pids: int, memory_bytes: int) -> cgroups.ProgramCgroup:
+        (parent / name).mkdir()
+        return cgroups.ProgramCgroup((parent / name,), ("pids",))
+
+    monkeypatch.setattr(host.ProgramCgroup, "create", staticmethod(on_v2))
+    try:
+        result = make_sandbox("bwrap", LIMITS).run("print('ok')")
+    finally:
+        parent.rmdir()
+    assert result.passed, result
+    assert result.isolation["cgroup"] == ["pids"], result.isolation
+
+
 # -- seccomp ---------------------------------------------------------------------------------
 
 SYSCALLS = r"""
