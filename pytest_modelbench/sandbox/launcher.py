@@ -97,7 +97,7 @@ CTYPES_EVENTS = {
 MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far lower)
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
-SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of a pid other than 0, -1, the parent: allowed
+SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of the program's own processes: allowed
 
 
 def drop_capabilities() -> bool:
@@ -248,6 +248,33 @@ def _modifies(event: str, args: tuple[Any, ...]) -> list[Any]:
     return [args[i] for i in PATH_EVENTS.get(event, ()) if i < len(args)]
 
 
+def is_descendant(pid: object, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its descendants (followed through each
+    process's parent in ``/proc``): at the audit-hook level the program shares the host's
+    processes, and may signal only its own (not its judge, the host or other runs)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False  # 0 and negative numbers are process groups, or every process
+    try:  # relative to /proc: the audit hook, which calls this, refuses /proc/PID paths
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    seen: set[int] = set()
+    try:
+        while pid > 1 and pid != ancestor and pid not in seen:
+            seen.add(pid)
+            fd = os.open(f"{pid}/stat", os.O_RDONLY, dir_fd=proc)
+            try:
+                stat = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            pid = int(stat.rsplit(b")", 1)[1].split()[1])  # after "(comm) state": the parent
+    except (OSError, ValueError, IndexError):
+        return False
+    finally:
+        os.close(proc)
+    return pid == ancestor
+
+
 def _denied_event(
     event: str,
     args: tuple[Any, ...],
@@ -255,7 +282,7 @@ def _denied_event(
     spawn: bool,
     fork: bool,
     own_proc: set[str],
-    parent: int,
+    program: int,
 ) -> str | None:
     """What ``event`` would do that the policy forbids (writes aside), or None."""
     if event in NETWORK_EVENTS and not network:
@@ -266,7 +293,7 @@ def _denied_event(
         return f"starting programs ({event})"
     if event in FORK_EVENTS and not fork:
         return f"creating processes ({event})"
-    if event in SIGNAL_EVENTS and (event != "os.kill" or not 0 < args[0] != parent):
+    if event in SIGNAL_EVENTS and (event != "os.kill" or not is_descendant(args[0], program)):
         return f"signalling processes other than its own ({event})"
     if event == "open" and isinstance(args[0], (str, bytes)):
         path = os.fsdecode(args[0])
@@ -281,7 +308,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
     """An audit hook enforcing the Python-level policy (a second line behind the OS)."""
     allowed = (os.path.realpath(workdir), "/dev/null")
     own_proc = {"self", "thread-self", str(os.getpid())}
-    parent = os.getppid()  # the judge, in a judged run at the audit-hook level
+    program = os.getpid()  # the program's first process: it and its descendants may be signalled
 
     def inside(path: Any) -> bool:
         if isinstance(path, int) or path is None:
@@ -293,7 +320,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
         raise PermissionError(f"modelbench sandbox: {what} is not allowed")
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        denied = _denied_event(event, args, network, spawn, fork, own_proc, parent)
+        denied = _denied_event(event, args, network, spawn, fork, own_proc, program)
         if denied is not None:
             deny(denied)
         for path in _modifies(event, args):

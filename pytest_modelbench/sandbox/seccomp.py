@@ -2,7 +2,9 @@
 
 Defence in depth behind the namespaces: system calls no benchmark program needs, and whose
 kernel code has been the way out of sandboxes before, fail with ``EPERM`` (asynchronous I/O
-rings, user-mode page faults, BPF, performance counters, keyrings, tracing, mounts, new
+rings, user-mode page faults, BPF, performance counters, keyrings, tracing, signals through
+process descriptors (``pidfd_*``: no audit event, so at the audit-hook level the program could
+kill its judge or the host's processes unseen), mounts, new
 namespaces (``unshare``, ``setns``, and ``clone`` with a ``CLONE_NEW*`` flag; ``clone3``
 answers ``ENOSYS``, so libc falls back to ``clone``), kernel modules, another process's
 memory), as do sockets of the ``AF_VSOCK``
@@ -35,6 +37,9 @@ REFUSED = (
     "add_key",
     "request_key",
     "ptrace",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pidfd_getfd",
     "process_vm_readv",
     "process_vm_writev",
     "mount",

@@ -314,6 +314,59 @@ def test_a_program_that_kills_its_judge_at_the_weak_level_fails(make_sandbox: Ma
     assert result.status == "failed" and "signalling" in result.reason, result
 
 
+# signals to a host process (not the program's) and to the judge, by the ways the weak level
+# offers: os.kill (an audit event) and a process descriptor (pidfd_open, pidfd_send_signal: none)
+SIGNALLER = r"""
+import os, signal
+
+def _pidfd(pid, number):
+    fd = os.pidfd_open(pid)
+    try:
+        signal.pidfd_send_signal(fd, number)
+    finally:
+        os.close(fd)
+
+for _name, _send in (
+    ("kill host", lambda: os.kill(VICTIM, signal.SIGTERM)),
+    ("pidfd host", lambda: _pidfd(VICTIM, signal.SIGTERM)),
+    ("pidfd judge", lambda: _pidfd(os.getppid(), signal.SIGKILL)),
+):
+    try:
+        _send()
+        print(_name, "SENT", flush=True)
+    except OSError as error:
+        print(_name, "refused", type(error).__name__, flush=True)
+"""
+
+
+def test_the_weak_level_signals_no_process_but_the_programs_own(
+    make_sandbox: MakeSandbox,
+) -> None:
+    """At the audit-hook level the program shares the host's processes (and, as root, may
+    signal any): os.kill reaches only its own processes, and the seccomp filter refuses
+    process descriptors, whose signals no audit event shows (a judge killed that way made
+    the program's failure a machinery error, and the host's processes were its to kill)."""
+    _needs_seccomp()
+    weak = make_sandbox("audit-hook", LIMITS)
+    suite, example = _he(0)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        code = SIGNALLER.replace("VICTIM", str(victim.pid)) + WRONG
+        program, tests, _ = suite.program_and_tests(example, f"```python\n{code}```")
+        result = weak.run_tests(program, tests)  # raises if the judge was killed
+        time.sleep(0.2)
+        assert victim.poll() is None, "the program killed a host process"
+    finally:
+        victim.kill()
+        victim.wait()
+    assert result.status == "failed", result
+    assert result.stdout_tail.splitlines() == [
+        "kill host refused PermissionError",
+        "pidfd host refused PermissionError",
+        "pidfd judge refused PermissionError",
+    ]
+
+
 def test_a_launcher_folder_removed_mid_session_is_made_again(full: Sandbox) -> None:
     suite, example = _he(0)
     program, tests, _ = suite.program_and_tests(example, f"```python\n{RIGHT}```")
@@ -611,7 +664,7 @@ assert launcher.load_filter(seccomp.program_filter(spawn=True))
 raw = ctypes.CDLL(None, use_errno=True)
 numbers = {"io_uring_setup": 425, "userfaultfd": 323, "bpf": 321, "perf_event_open": 298,
            "keyctl": 250, "ptrace": 101, "unshare": 272, "setns": 308, "mount": 165,
-           "clone3": 435}
+           "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "clone3": 435}
 for name, number in numbers.items():
     result = raw.syscall(number, 0, 0, 0, 0, 0)
     print(name, result, ctypes.get_errno())
@@ -622,8 +675,8 @@ print("clone_newuser", raw.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86_64 system call numbers")
 def test_seccomp_refuses_the_kernels_attack_surface() -> None:
-    """io_uring, userfaultfd, bpf, perf events, keyrings, ptrace, mounts and new namespaces
-    (unshare, setns, clone with CLONE_NEW*) fail with EPERM; clone3 answers ENOSYS, so libc
+    """io_uring, userfaultfd, bpf, perf events, keyrings, ptrace, mounts, process descriptors
+    and new namespaces (unshare, setns, clone with CLONE_NEW*) fail with EPERM; clone3 answers ENOSYS, so libc
     falls back to clone, whose namespace flags are refused."""
     _needs_seccomp()
     done = subprocess.run(
@@ -634,4 +687,4 @@ def test_seccomp_refuses_the_kernels_attack_surface() -> None:
         name: (int(r), int(e)) for name, r, e in (x.split() for x in done.stdout.split("\n") if x)
     }
     assert calls.pop("clone3") == (-1, 38)  # ENOSYS
-    assert calls == dict.fromkeys(calls, (-1, 1)) and len(calls) == 10, calls  # EPERM
+    assert calls == dict.fromkeys(calls, (-1, 1)) and len(calls) == 13, calls  # EPERM
