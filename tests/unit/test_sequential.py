@@ -91,7 +91,8 @@ def test_paired_observations_and_alpha_split() -> None:
 
 # scipy is the reference: the e-process with a fixed bet against the binomial distribution.
 # No sequential-testing library fits as a test dependency: confseq (Howard & Waudby-Smith)
-# builds C++ against Boost at install time (no wheel), and expectation needs Python 3.12.
+# has no wheel, its build pins pybind11 2.6, which does not compile on Python 3.11 (even with
+# Boost installed), and its Python code predates NumPy 2; expectation needs Python 3.12.
 
 
 def _fixed_bet_wealth(ones: int, n: int, t: float, bet: float) -> float:
