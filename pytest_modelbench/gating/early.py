@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,3 +202,55 @@ class EarlyStopper:
     def used_ids(self) -> set[str]:
         """The examples of the prefix the decision read."""
         return set(self.order[: self.used])
+
+
+@dataclass(frozen=True)
+class Expected:
+    """``--collect-only``: the examples an item is expected to use under its rule."""
+
+    at_baseline: float  # mean examples used when the score equals the baseline (simulated)
+    collapsed: int  # examples used when every reply scores 0 (exact: one sequence)
+    planned: int
+    runs: int  # simulated sequences behind ``at_baseline`` (1: the sequence is fixed)
+
+
+SIMULATED_OBSERVATIONS = 100_000  # per rule: about a quarter of a second on one core
+_expected: dict[tuple[str, int, int], Expected] = {}
+
+
+def expected_examples(rule: StopRule, planned: int, rollouts: int = 1) -> Expected:
+    """How many of ``planned`` examples the rule reads when the score equals the baseline (value
+    gates: each rollout right with the baseline's probability, a seeded simulation; paired
+    gates: every example scoring as the reference did, one sequence) and when it collapses to
+    0 (every reply wrong). Cached per rule, so a sweep over seeds or models pays once."""
+    key = (rule.key, planned, rollouts)
+    if key not in _expected:
+        _expected[key] = _simulate(rule, planned, max(1, rollouts))
+    return _expected[key]
+
+
+def _used(rule: StopRule, observations: Sequence[float], horizon: int) -> int:
+    """Examples read until either side is certain (all of them when neither is)."""
+    regression = SequentialTest(rule.regression_below, "below", rule.alpha_regression, horizon)
+    fine = SequentialTest(rule.fine_above, "above", rule.alpha, horizon)
+    for used, y in enumerate(observations, 1):
+        if regression.add(y) or fine.add(y):
+            return used
+    return len(observations)
+
+
+def _simulate(rule: StopRule, planned: int, rollouts: int) -> Expected:
+    rng = random.Random(0)  # the same figures at every --collect-only
+    if rule.reference is not None:  # an example's reference score, drawn from the reference's
+        scores = [float(v) for v in rule.reference.values()]
+        draws = [rng.choice(scores) for _ in range(planned)]
+        collapsed = _used(rule, [(1.0 - ref) / 2.0 for ref in draws], planned)
+        return Expected(_used(rule, [0.5] * planned, planned), collapsed, planned, 1)
+    runs = max(10, min(200, SIMULATED_OBSERVATIONS // max(1, planned)))
+    p = rule.baseline
+
+    def example() -> float:
+        return sum(rng.random() < p for _ in range(rollouts)) / rollouts
+
+    total = sum(_used(rule, [example() for _ in range(planned)], planned) for _ in range(runs))
+    return Expected(total / runs, _used(rule, [0.0] * planned, planned), planned, runs)

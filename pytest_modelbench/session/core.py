@@ -487,16 +487,32 @@ class ModelbenchSession:
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import BaselineBook
-            from pytest_modelbench.session.terminal import write_plan, write_planned_setups
+            from pytest_modelbench.session.terminal import (
+                write_expected_examples,
+                write_plan,
+                write_planned_setups,
+            )
 
-            write_plan(session.config, self._selected, self.backend_for)
+            planned = write_plan(session.config, self._selected, self.backend_for)
             parent, _ = self._run_parent()
             book = BaselineBook(
                 self.options.config_dir / "baselines",
                 parent,
                 baseline_run=self.options.baseline_run,
+                baseline_model=self.options.baseline_model,
+                allow_unfinished=self.options.allow_unfinished_baseline,
+                stop_early=self.options.stop_early,
             )  # reads baseline files and reference runs only
             write_planned_setups(session.config, self._selected, book)
+            if self.options.stop_early:
+                book.family = self.holm_family
+                write_expected_examples(
+                    session.config,
+                    self._selected,
+                    planned,
+                    lambda item: self._planned_rule(book, item),
+                    lambda item: self._tested(item, book),
+                )
 
     # -- evaluation (worker side) ------------------------------------------------------------
     def evaluator(self) -> Any:
@@ -534,6 +550,26 @@ class ModelbenchSession:
         ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
         rollouts = item.variant.rollouts_per_example
         return self.baseline_book().stop_rule(ref, metric, self.holm_family, rollouts)
+
+    def _planned_rule(self, book: Any, item: PlannedItem) -> Any:
+        """``--collect-only --mb-stop-early``: the item's stop rule; False where its backend runs
+        its own loop to the end, None where no rule applies or the variant is broken (the run
+        will say why)."""
+        backend = self.backend_for(item.variant.module)
+        if not getattr(backend, "stops_early", False):
+            return False
+        try:
+            metric = backend.primary_metric(item)
+        except ModelbenchUsageError:  # the plan must print even when one variant is broken
+            return None
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.gating.baselines import ItemRef
+
+        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
+        try:
+            return book.stop_rule(ref, metric, self.holm_family, item.variant.rollouts_per_example)
+        except ModelbenchUsageError:  # a broken baseline file fails its items when they run
+            return None
 
     def server_pool(self) -> Any:
         """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
@@ -654,12 +690,12 @@ class ModelbenchSession:
             self._holm_family = max(1, sum(map(self._tested, self._selected or self.plan.items)))
         return self._holm_family
 
-    def _tested(self, item: PlannedItem) -> bool:
+    def _tested(self, item: PlannedItem, book: Any = None) -> bool:
         """Whether an item's gate is a statistical test (a value or a reference run)."""
         if self.options.baseline_run:
             return True
         try:
-            entries = self.baseline_book().entries(item.model_name)
+            entries = (book or self.baseline_book()).entries(item.model_name)
         except ModelbenchUsageError:  # broken file: its items fail; count them (conservative)
             return True
         spec = entries.get(item.variant.id) or entries.get(item.env)

@@ -17,7 +17,10 @@ from pytest_modelbench.gating.stats.sequential import (
     bet_size,
     confidence_sequence,
     plug_in_bets,
+    wealth_below,
 )
+
+scipy_stats = pytest.importorskip("scipy.stats")
 
 
 def test_the_wealth_is_the_product_of_the_bets() -> None:
@@ -84,3 +87,54 @@ def test_paired_observations_and_alpha_split() -> None:
     noisy = value_rule(0.6, 0.0, 0.05, baseline_n=400)
     assert noisy is not None and noisy.regression_below < 0.6 < noisy.fine_above
     assert value_rule(6.0, 0.0, 0.05) is None  # off the 0..1 scale: no rule
+
+
+# scipy is the reference: the e-process with a fixed bet against the binomial distribution.
+# No sequential-testing library fits as a test dependency: confseq (Howard & Waudby-Smith)
+# has no wheel, its build pins pybind11 2.6, which does not compile on Python 3.11 (even with
+# Boost installed), and its Python code predates NumPy 2; expectation needs Python 3.12.
+
+
+def _fixed_bet_wealth(ones: int, n: int, t: float, bet: float) -> float:
+    """Our wealth for ``ones`` right answers of ``n`` (in a scattered order) at one fixed bet."""
+    values = [1.0 if (i * ones) // n != ((i + 1) * ones) // n else 0.0 for i in range(n)]
+    assert sum(values) == ones
+    return wealth_below(values, [bet] * n, t)
+
+
+@pytest.mark.parametrize(("n", "t", "bet"), [(30, 0.65, 0.9), (200, 0.2125, 0.5), (80, 0.5, 1.4)])
+def test_a_fixed_bet_is_a_fair_game_at_the_null_by_scipys_binomial(
+    n: int, t: float, bet: float
+) -> None:
+    """With a fixed bet the wealth depends on the count of right answers only, is the closed
+    form (1 + bet t)^(n-k) (1 - bet (1-t))^k, and its expectation over scipy's binomial is
+    exactly 1 at the null's edge (a martingale) and below 1 inside the null (mean > t)."""
+    closed = [(1 + bet * t) ** (n - k) * (1 - bet * (1 - t)) ** k for k in range(n + 1)]
+    ours = [_fixed_bet_wealth(k, n, t, bet) for k in range(n + 1)]
+    assert ours == pytest.approx(closed, rel=1e-9)
+    ks = range(n + 1)
+    at_edge = math.fsum(scipy_stats.binom.pmf(k, n, t) * ours[k] for k in ks)
+    inside = math.fsum(scipy_stats.binom.pmf(k, n, min(1.0, t + 0.1)) * ours[k] for k in ks)
+    assert at_edge == pytest.approx(1.0, rel=1e-9) and inside < 1.0
+
+
+@pytest.mark.parametrize(("n", "alpha", "bet"), [(50, 0.05, 1.0), (300, 0.01, 0.6)])
+def test_a_fixed_bet_never_rejects_inside_scipys_exact_interval(
+    n: int, alpha: float, bet: float
+) -> None:
+    """Read at a fixed n, the test rejects "mean >= t" only where scipy's exact binomial test
+    at the same level does (its Clopper-Pearson bound), and the rejection set's probability
+    at the null's edge, a binomial tail from scipy, is at most alpha (Markov, then Ville)."""
+    for ones in range(0, n + 1, max(1, n // 25)):
+        exact = scipy_stats.binomtest(ones, n, alternative="less")
+        upper = exact.proportion_ci(confidence_level=1 - alpha, method="exact").high
+        if upper >= 1.0:
+            continue
+        below = upper - 1e-9
+        if bet < TRUNCATION / (1.0 - below):  # the bet as given, not cut to the bound's share
+            assert _fixed_bet_wealth(ones, n, below, bet) < 1.0 / alpha, (ones, upper)
+    for t in (0.1, 0.35, 0.65, 0.9):
+        rejected = [k for k in range(n + 1) if _fixed_bet_wealth(k, n, t, bet) >= 1.0 / alpha]
+        tail = scipy_stats.binom.cdf(max(rejected), n, t) if rejected else 0.0
+        assert rejected == list(range(len(rejected)))  # fewer right answers: more evidence
+        assert tail <= alpha, (t, rejected)
