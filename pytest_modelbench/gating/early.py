@@ -208,24 +208,30 @@ class EarlyStopper:
 class Expected:
     """``--collect-only``: the examples an item is expected to use under its rule."""
 
-    at_baseline: float  # mean examples used when the score equals the baseline (simulated)
-    collapsed: int  # examples used when every reply scores 0 (exact: one sequence)
+    at_baseline: float | None  # mean examples used at the baseline (simulated); None: budget spent
+    collapsed: int  # examples used when every reply scores 0
     planned: int
-    runs: int  # simulated sequences behind ``at_baseline`` (1: the sequence is fixed)
+    runs: int  # simulated sequences behind ``at_baseline``
 
 
-SIMULATED_OBSERVATIONS = 100_000  # per rule: about a quarter of a second on one core
+SIMULATED_OBSERVATIONS = 100_000  # per rule: a quarter to a second on one core
+SIMULATION_BUDGET = 1_000_000  # per plan: a plan of many distinct rules stays a few seconds
 _expected: dict[tuple[str, int, int], Expected] = {}
+_spent = [0]  # observations simulated so far in this process
 
 
 def expected_examples(rule: StopRule, planned: int, rollouts: int = 1) -> Expected:
-    """How many of ``planned`` examples the rule reads when the score equals the baseline (value
-    gates: each rollout right with the baseline's probability, a seeded simulation; paired
-    gates: every example scoring as the reference did, one sequence) and when it collapses to
-    0 (every reply wrong). Cached per rule, so a sweep over seeds or models pays once."""
+    """How many of ``planned`` examples the rule reads when the score equals the baseline and
+    when it collapses to 0 (every reply wrong). Value gates: each example right with the
+    baseline's probability, its rollouts agreeing (the widest spread, so the figure is not
+    optimistic). Paired gates: a model scoring the reference's mean with replies independent
+    of the reference's (every example's reference score drawn from the reference run, every
+    example shared with it). Seeded simulations; cached per rule, so a sweep over seeds or
+    models pays once; once :data:`SIMULATION_BUDGET` observations are spent, ``at_baseline``
+    is None."""
     key = (rule.key, planned, rollouts)
     if key not in _expected:
-        _expected[key] = _simulate(rule, planned, max(1, rollouts))
+        _expected[key] = _simulate(rule, planned)
     return _expected[key]
 
 
@@ -239,18 +245,31 @@ def _used(rule: StopRule, observations: Sequence[float], horizon: int) -> int:
     return len(observations)
 
 
-def _simulate(rule: StopRule, planned: int, rollouts: int) -> Expected:
+def _simulate(rule: StopRule, planned: int) -> Expected:
     rng = random.Random(0)  # the same figures at every --collect-only
-    if rule.reference is not None:  # an example's reference score, drawn from the reference's
-        scores = [float(v) for v in rule.reference.values()]
-        draws = [rng.choice(scores) for _ in range(planned)]
-        collapsed = _used(rule, [(1.0 - ref) / 2.0 for ref in draws], planned)
-        return Expected(_used(rule, [0.5] * planned, planned), collapsed, planned, 1)
     runs = max(10, min(200, SIMULATED_OBSERVATIONS // max(1, planned)))
-    p = rule.baseline
+    if _spent[0] and _spent[0] + runs * planned > SIMULATION_BUDGET:
+        runs = 0  # the plan's budget is spent: say so rather than slow the plan down
+    if rule.reference is not None:  # paired: observations are (candidate - reference + 1) / 2
+        scores = [float(v) for v in rule.reference.values()]
+        mean = math.fsum(scores) / len(scores) if scores else 0.0
 
-    def example() -> float:
-        return sum(rng.random() < p for _ in range(rollouts)) / rollouts
+        def observation() -> float:
+            return ((rng.random() < mean) - rng.choice(scores) + 1.0) / 2.0
 
-    total = sum(_used(rule, [example() for _ in range(planned)], planned) for _ in range(runs))
-    return Expected(total / runs, _used(rule, [0.0] * planned, planned), planned, runs)
+        def collapse() -> float:
+            return (1.0 - rng.choice(scores)) / 2.0
+    else:
+
+        def observation() -> float:  # rollouts of one example agree: 0 or 1
+            return float(rng.random() < rule.baseline)
+
+        def collapse() -> float:
+            return 0.0
+
+    collapsed = _used(rule, [collapse() for _ in range(planned)], planned)
+    if not runs:
+        return Expected(None, collapsed, planned, 0)
+    _spent[0] += runs * planned
+    total = sum(_used(rule, [observation() for _ in range(planned)], planned) for _ in range(runs))
+    return Expected(total / runs, collapsed, planned, runs)

@@ -123,9 +123,18 @@ def write_expected_examples(
         if not rule or not count:
             continue
         expected = expected_examples(rule, count, item.variant.rollouts_per_example)
-        equal = "as the reference scored" if rule.paired else f"the baseline {rule.baseline:.3f}"
+        equal = (
+            "the reference's mean (replies independent of the reference's)"
+            if rule.paired
+            else f"the baseline {rule.baseline:.3f}"
+        )
+        at_baseline = (
+            f"~{round(expected.at_baseline):,}"
+            if expected.at_baseline is not None
+            else "not simulated (the plan's simulation budget is spent)"
+        )
         lines.append(
-            f"  {item.item_id}: ~{round(expected.at_baseline):,} of {count:,} examples if it "
+            f"  {item.item_id}: {at_baseline} of {count:,} examples if it "
             f"scores {equal}; {expected.collapsed:,} if it collapses to 0"
         )
     if lines:
