@@ -69,6 +69,19 @@ def test_one_slow_reply_pauses_sending_after_the_window(slow_third: tuple[Projec
     assert sent < N / 3
 
 
+def test_with_rollouts_the_window_counts_requests(slow_third: tuple[Project, Any]) -> None:
+    """Three rollouts per example: a unit's place is its index in the ordered unit list, and
+    the window is counted in requests past the example the rule waits for."""
+    project, server = slow_third
+    variant = {"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}
+    project.env("qa", [{**variant, "rollouts_per_example": 3}])
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
+    result.assert_outcomes(failed=1)
+    used = _summary(project)["stopped_early"]["n_used"]
+    sent = _completions(server)
+    assert 3 * used < sent <= 3 * used + send_ahead(LANES) < 3 * N / 3  # of 900 units
+
+
 def test_without_the_flag_every_unit_is_sent_at_full_concurrency(
     slow_third: tuple[Project, Any],
 ) -> None:
