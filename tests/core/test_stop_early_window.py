@@ -100,7 +100,9 @@ def test_with_the_flag_an_item_never_certain_still_sends_everything(
     (project.root / "configs" / "baselines" / "alpha.yaml").write_text("qa: {value: 0.0}\n")
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
     result.assert_outcomes(passed=1)
-    assert "stopped_early" not in _summary(project) and _completions(server) == N
+    summary = _summary(project)
+    assert "stop_rule" in summary  # a rule read the item all along: its window was in force
+    assert "stopped_early" not in summary and _completions(server) == N
 
 
 def _stopper(n: int, rollouts: int) -> EarlyStopper:
