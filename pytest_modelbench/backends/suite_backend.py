@@ -153,6 +153,7 @@ class SuiteBackend:
                         settings,
                         ctx.progress,
                         on_row=None if stopper is None else stopper.add_and_check,
+                        order=stopper,
                     )
                 finally:
                     for task in tasks:

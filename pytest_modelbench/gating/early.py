@@ -137,9 +137,11 @@ class EarlyStopper:
     _rows: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
     _regression: SequentialTest = field(init=False)
     _fine: SequentialTest = field(init=False)
+    _index: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
         r, n = self.rule, self.horizon or len(self.order)
+        self._index = {example: i for i, example in enumerate(self.order)}
         self._regression = SequentialTest(r.regression_below, "below", r.alpha_regression, n)
         self._fine = SequentialTest(r.fine_above, "above", r.alpha, n)
 
@@ -176,6 +178,17 @@ class EarlyStopper:
             self.decision = "regression"
         elif self._fine.add(low):  # errors counted wrong
             self.decision = "no regression"
+
+    def position(self, example_id: str, rollout: int) -> int:
+        """A work unit's index in the order's list of units (rollouts of an example adjacent)."""
+        return self._index[example_id] * self.rollouts + rollout
+
+    def frontier(self) -> int:
+        """Units up to the end of the first example the rule still waits for (a run loop sends
+        only a window past it, see ``running.runner``); all of them once it reads no more."""
+        if self.decision is not None or self.disabled:
+            return len(self.order) * self.rollouts
+        return (self.used + 1) * self.rollouts
 
     def add_and_check(self, row: Mapping[str, Any]) -> bool:
         """:meth:`add`, as a run loop's ``on_row``: True once certain (stop the item)."""

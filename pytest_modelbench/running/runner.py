@@ -16,7 +16,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_modelbench.running.client import Completion, OpenAIClient, RequestFailed
 from pytest_modelbench.running.progress import ProgressSink
@@ -26,6 +26,10 @@ from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, Suite
 
 GROW_EVERY_S = 0.5  # how soon the lanes follow a server joining or leaving
+# --mb-stop-early: how many units past the rule's first unfinished example may be sent: this
+# many per lane of capacity, at least SEND_AHEAD_MIN (lanes seldom wait when nothing stops)
+SEND_AHEAD_PER_LANE = 4
+SEND_AHEAD_MIN = 64
 
 
 def request_seed(item_seed: int, example_id: str, rollout: int) -> int:
@@ -56,6 +60,19 @@ class LoopStats:
         for reason in reasons:
             key = reason.split(" after ")[0]
             self.retry_reasons[key] = self.retry_reasons.get(key, 0) + 1
+
+
+class SampleOrder(Protocol):
+    """``--mb-stop-early``: the seeded order the stop rule reads, and how far it has read."""
+
+    def position(self, example_id: str, rollout: int) -> int:
+        """The unit's index in the ordered unit list (example index × rollouts + rollout)."""
+        ...
+
+    def frontier(self) -> int:
+        """Units of the order up to the end of the first example the rule still waits for
+        (journalled ones included); every unit once the rule reads no more."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -101,12 +118,15 @@ async def run_loop(
     settings: LoopSettings,
     progress: ProgressSink,
     on_row: Callable[[Mapping[str, Any]], bool] | None = None,
+    order: SampleOrder | None = None,
 ) -> LoopStats:
     """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth.
 
     ``on_row`` sees each row once journalled; when it returns True (``--mb-stop-early``: the
     verdict is certain) no unit is started any more and the requests in flight are cancelled
-    (their rows are never written)."""
+    (their rows are never written). With ``order`` (the units' order the rule reads) a unit is
+    sent only within :func:`send_ahead` units of ``order.frontier()``: one slow reply early in
+    the order pauses sending, instead of the rest of the item going out while the rule waits."""
     stats = LoopStats()
     stop = asyncio.Event()
 
@@ -172,12 +192,50 @@ async def run_loop(
         if on_row is None:
             await run_lanes(units, one, capacity, stopped)
         else:
-            await _until_stopped(run_lanes(units, one, capacity, stopped), stop)
+            sent = one if order is None else in_window(one, order, capacity, stopped)
+            await _until_stopped(run_lanes(units, sent, capacity, stopped), stop)
     finally:
         stats.wall_s = time.perf_counter() - started
     if client.dead is not None:
         raise EndpointGone(client.dead)
     return stats
+
+
+def send_ahead(capacity: int) -> int:
+    """``--mb-stop-early``: how many units past the rule's frontier may be sent."""
+    return max(SEND_AHEAD_MIN, SEND_AHEAD_PER_LANE * capacity)
+
+
+def in_window(
+    one: Callable[[Example, int], Awaitable[None]],
+    order: SampleOrder,
+    capacity: Callable[[], int],
+    stopped: Callable[[], bool],
+) -> Callable[[Example, int], Awaitable[None]]:
+    """``one``, run once the unit is within :func:`send_ahead` of ``order.frontier()`` (or not
+    at all once ``stopped()``). A lane waiting here holds no request; some unit before the
+    frontier is always in flight, and its reply, moving the frontier, wakes the lanes."""
+    moved = asyncio.Condition()
+    seen = order.frontier()
+
+    def inside(position: int) -> bool:
+        return stopped() or position < order.frontier() + send_ahead(capacity())
+
+    async def sent(example: Example, rollout: int) -> None:
+        nonlocal seen
+        position = order.position(example.id, rollout)
+        if not inside(position):
+            async with moved:
+                await moved.wait_for(lambda: inside(position))
+            if stopped():
+                return
+        await one(example, rollout)
+        if order.frontier() != seen or stopped():
+            seen = order.frontier()
+            async with moved:
+                moved.notify_all()
+
+    return sent
 
 
 async def _until_stopped(lanes: Awaitable[None], stop: asyncio.Event) -> None:
