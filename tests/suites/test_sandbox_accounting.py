@@ -367,6 +367,94 @@ def test_the_weak_level_signals_no_process_but_the_programs_own(
     ]
 
 
+# signals through a descriptor's owner: with O_ASYNC, a write to a pipe signals whoever was
+# named by fcntl F_SETOWN (the signal chosen by F_SETSIG) or ioctl FIOSETOWN; no audit event
+# shows it, and a root owner may signal any process. Then other processes' limits (prlimit).
+OWNER_SIGNALLER = r"""
+import fcntl, os, resource, signal, struct
+
+def _owned(pid, number, how):
+    read_end, write_end = os.pipe()
+    try:
+        if how == "fcntl":
+            fcntl.fcntl(read_end, fcntl.F_SETOWN, pid)
+        else:
+            fcntl.ioctl(read_end, 0x8901, struct.pack("i", pid))  # FIOSETOWN
+        fcntl.fcntl(read_end, 10, number)  # F_SETSIG
+        fcntl.fcntl(read_end, fcntl.F_SETFL, fcntl.fcntl(read_end, fcntl.F_GETFL) | os.O_ASYNC)
+        os.write(write_end, b"x")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+for _name, _send in (
+    ("F_SETOWN judge", lambda: _owned(os.getppid(), signal.SIGKILL, "fcntl")),
+    ("F_SETOWN host", lambda: _owned(VICTIM, signal.SIGKILL, "fcntl")),
+    ("F_SETOWN pid 1", lambda: _owned(1, signal.SIGINT, "fcntl")),
+    ("FIOSETOWN judge", lambda: _owned(os.getppid(), signal.SIGKILL, "ioctl")),
+    ("prlimit judge", lambda: resource.prlimit(os.getppid(), resource.RLIMIT_AS, (1 << 20,) * 2)),
+    ("prlimit host", lambda: resource.prlimit(VICTIM, resource.RLIMIT_CPU, (0, 0))),
+):
+    try:
+        _send()
+        print(_name, "SENT", flush=True)
+    except OSError as error:
+        print(_name, "refused", type(error).__name__, flush=True)
+"""
+
+
+def test_no_level_lets_a_descriptors_owner_signal_the_judge_or_the_host(
+    any_level: Sandbox,
+) -> None:
+    """A program that names its judge, PID 1 or a host process as the owner of a pipe (and
+    sets another's limits) is refused at every level: the host process lives, and the run is
+    the program's failure, never a machinery error (a judge killed or interrupted that way
+    turned a wrong answer into an excluded error)."""
+    suite, example = _he(0)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        code = OWNER_SIGNALLER.replace("VICTIM", str(victim.pid)) + WRONG
+        program, tests, _ = suite.program_and_tests(example, f"```python\n{code}```")
+        result = any_level.run_tests(program, tests)  # raises if the judge was killed
+        time.sleep(0.2)
+        assert victim.poll() is None, "the program killed a host process"
+        assert resource_limit(victim.pid) == "unchanged"
+    finally:
+        victim.kill()
+        victim.wait()
+    assert result.status == "failed" and result.tests["calls"] == 7, result
+    names = ["F_SETOWN judge", "F_SETOWN host", "F_SETOWN pid 1", "FIOSETOWN judge"]
+    names += ["prlimit judge", "prlimit host"]
+    assert result.stdout_tail.splitlines() == [f"{n} refused PermissionError" for n in names]
+
+
+def resource_limit(pid: int) -> str:
+    """Whether ``pid``'s CPU limit is still unlimited (as ``sleep`` starts here)."""
+    line = [x for x in Path(f"/proc/{pid}/limits").read_text().splitlines() if "cpu time" in x]
+    return "unchanged" if line[0].split()[3] == "unlimited" else line[0]
+
+
+# the judge's caught signals (SigCgt), read through a descriptor of /proc (its parent's)
+CAUGHT = r"""
+import os
+_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+_fd = os.open(f"{os.getppid()}/status", os.O_RDONLY, dir_fd=_proc)
+_status = os.read(_fd, 1 << 16).decode()
+print(*[line.split()[1] for line in _status.splitlines() if line.startswith("SigCgt:")])
+"""
+
+
+def test_the_judge_catches_no_signal(any_level: Sandbox) -> None:
+    """PID 1 of a PID namespace receives from inside only the signals it catches: the judge
+    catches none (Python's SIGINT handler reset), so no way of signalling it from the
+    program's side can end or interrupt it."""
+    suite, example = _he(0)
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{CAUGHT}{WRONG}```")
+    result = any_level.run_tests(program, tests)
+    assert result.status == "failed", result
+    assert int(result.stdout_tail.split()[0], 16) == 0, result.stdout_tail
+
+
 def test_a_launcher_folder_removed_mid_session_is_made_again(full: Sandbox) -> None:
     suite, example = _he(0)
     program, tests, _ = suite.program_and_tests(example, f"```python\n{RIGHT}```")
@@ -670,14 +758,34 @@ for name, number in numbers.items():
     print(name, result, ctypes.get_errno())
 # clone with a namespace flag (CLONE_NEWUSER | SIGCHLD) is refused before any child exists
 print("clone_newuser", raw.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno())
+# a descriptor's owner, who is signalled when it is ready (O_ASYNC), and others' limits
+import os
+read_end, _ = os.pipe()
+parent, owner, limit = os.getppid(), ctypes.c_int(os.getppid()), (ctypes.c_uint64 * 2)(64, 64)
+for name, number, args in (
+    ("F_SETOWN", 72, (read_end, 8, parent)),
+    ("F_SETOWN_high", 72, (read_end, (1 << 32) | 8, parent)),  # the kernel reads 32 bits
+    ("F_SETSIG", 72, (read_end, 10, 9)),
+    ("F_SETOWN_EX", 72, (read_end, 15, ctypes.c_void_p(ctypes.addressof(owner)))),
+    ("FIOSETOWN", 16, (read_end, 0x8901, ctypes.c_void_p(ctypes.addressof(owner)))),
+    ("SIOCSPGRP", 16, (read_end, 0x8902, ctypes.c_void_p(ctypes.addressof(owner)))),
+    ("prlimit64_other", 302, (parent, 7, ctypes.c_void_p(ctypes.addressof(limit)), 0)),
+):
+    print(name, raw.syscall(number, *args), ctypes.get_errno())
+# what programs do need still works: the descriptor's flags, their own limits, others' read
+assert raw.syscall(72, read_end, 3, 0) >= 0  # F_GETFL
+assert raw.syscall(302, 0, 7, ctypes.c_void_p(ctypes.addressof(limit)), 0) == 0
+assert raw.syscall(302, parent, 7, 0, ctypes.c_void_p(ctypes.addressof(limit))) == 0
 """
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86_64 system call numbers")
 def test_seccomp_refuses_the_kernels_attack_surface() -> None:
-    """io_uring, userfaultfd, bpf, perf events, keyrings, ptrace, mounts, process descriptors
-    and new namespaces (unshare, setns, clone with CLONE_NEW*) fail with EPERM; clone3 answers ENOSYS, so libc
-    falls back to clone, whose namespace flags are refused."""
+    """io_uring, userfaultfd, bpf, perf events, keyrings, ptrace, mounts, process descriptors,
+    a descriptor's signalled owner (fcntl F_SETOWN/F_SETSIG/F_SETOWN_EX, ioctl FIOSETOWN/
+    SIOCSPGRP), another process's limits and new namespaces (unshare, setns, clone with
+    CLONE_NEW*) fail with EPERM; clone3 answers ENOSYS, so libc falls back to clone, whose
+    namespace flags are refused."""
     _needs_seccomp()
     done = subprocess.run(
         [sys.executable, "-c", FILTERED_SYSCALLS], capture_output=True, text=True, timeout=60
@@ -687,4 +795,4 @@ def test_seccomp_refuses_the_kernels_attack_surface() -> None:
         name: (int(r), int(e)) for name, r, e in (x.split() for x in done.stdout.split("\n") if x)
     }
     assert calls.pop("clone3") == (-1, 38)  # ENOSYS
-    assert calls == dict.fromkeys(calls, (-1, 1)) and len(calls) == 13, calls  # EPERM
+    assert calls == dict.fromkeys(calls, (-1, 1)) and len(calls) == 20, calls  # EPERM
