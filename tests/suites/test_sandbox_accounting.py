@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from pytest_modelbench.sandbox import (
     FULL_LEVELS,
@@ -124,7 +125,7 @@ def test_the_program_cannot_read_the_judges_output_while_it_runs(any_level: Sand
     assert "candidate(" in result.judge_tail and "AssertionError" in result.judge_tail
 
 
-# A logic-free answer to HumanEval/0 with a memory across rollouts and sessions. Before its
+# A logic-free answer to HumanEval/0 with a memory across rollouts and sandboxes. Before its
 # first instruction it looks for what earlier rollouts left (files in every place it may
 # write, and bits in the page cache of read-only files of the minimal root, read with
 # RWF_NOWAIT, set by reading, cleared by POSIX_FADV_DONTNEED: these survive the sandbox,
@@ -134,13 +135,12 @@ def test_the_program_cannot_read_the_judges_output_while_it_runs(any_level: Sand
 # to that call's bit, and a bit says "a rollout saw an outcome". The n-th call answers with
 # the n-th bit. If the judge's output reached the program (as it did through the stderr file
 # it shares), the first failing rollout would store the expected answers and later rollouts,
-# in this session or a fresh one, would pass; with the judge silent it learns nothing.
+# in this sandbox or a fresh one, would pass; with the judge silent it learns nothing.
 MEMORY = r"""
 import os, re
 
 _BASE = os.path.dirname(os.__file__)
-_NAMES = ("tabnanny", "this", "antigravity", "xdrlib", "telnetlib", "nntplib", "aifc", "sunau",
-          "chunk", "pipes", "cgitb", "mailcap")  # never imported: 7 answers, "saw", a counter
+_NAMES = NAMES  # never imported: 7 answers, "saw", a counter
 _FILES = [f"{_BASE}/{name}.py" for name in _NAMES]
 _SAW = 7
 _LEFT = ["memo", "/dev/shm/memo", "/tmp/memo", "/var/tmp/memo", os.path.expanduser("~/memo")]
@@ -224,33 +224,94 @@ def has_close_elements(numbers, threshold):
 """
 # clears the memory's bits (the page cache of its files) before the first rollout
 FORGET = MEMORY.split("def _say")[0] + "for _i in range(len(_FILES)):\n    _set(_i, 0)\n"
+# the memory's files: standard-library modules no sandbox, judge or test imports, present in
+# every supported Python (3.10 onwards), a set of its own for each level, so that the two
+# levels' tests may run at once (-n 2) without setting each other's bits
+MEMORY_FILES = {
+    "namespaces": ("tabnanny", "this", "antigravity", "imaplib", "poplib", "ftplib", "wave",
+                   "sched", "shelve", "netrc", "pyclbr", "pickletools"),
+    "bwrap": ("modulefinder", "filecmp", "zipapp", "symtable", "graphlib", "cProfile", "pstats",
+              "trace", "rlcompleter", "getpass", "webbrowser", "mailbox"),
+}  # fmt: skip
+
+
+def _memory(level: str) -> tuple[str, str]:
+    """The memory program and its FORGET for ``level``'s own files."""
+    names = MEMORY_FILES[level]
+    assert all(Path(os.path.dirname(os.__file__), f"{name}.py").is_file() for name in names)
+    return (MEMORY.replace("_NAMES = NAMES", f"_NAMES = {names!r}"),
+            FORGET.replace("_NAMES = NAMES", f"_NAMES = {names!r}"))  # fmt: skip
+
+
+@pytest.fixture
+def page_cache() -> Iterator[None]:
+    """The host's page cache to this test alone: one memory test at a time on this host, in
+    any worker or checkout (each level's own files keep the levels apart, but two tests of
+    one level would share theirs)."""
+    with FileLock(os.path.join(tempfile.gettempdir(), "modelbench-page-cache-test.lock")):
+        yield
+
+
+def _counter_steps(results: list[Any]) -> int:
+    """How many rollouts found the page-cache counter one above the previous rollout's; fails
+    in CI and skips elsewhere where the counter cannot be read (no ``RWF_NOWAIT``)."""
+    said = [line.split() for result in results for line in result.stdout_tail.splitlines()]
+    words = [word for word in said if word[0] == "CHANNEL"]
+    counts = [int(word[1]) for word in words if word[1].isdigit()]
+    if not counts:  # the memory is files alone here, and the check would be moot
+        errors = sorted({" ".join(word[2:]) for word in words})
+        reason = f"no page-cache memory to show working here (RWF_NOWAIT reads: errno {errors})"
+        if in_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return sum((b - a) % 16 == 1 for a, b in itertools.pairwise(counts))
 
 
 @pytest.mark.parametrize("level", FULL_LEVELS)
+@pytest.mark.usefixtures("page_cache")
 def test_a_memory_across_rollouts_learns_nothing_from_a_silent_judge(
     level: str, make_sandbox: MakeSandbox
 ) -> None:
-    """12 rollouts of a logic-free program with a memory, in two sessions: it never observes
+    """12 rollouts of a logic-free program with a memory, in two sandboxes: it never observes
     an outcome (no assert text, no file left behind, no bit set by a rollout that saw one),
     so pass@1 stays 0, while its page-cache counter shows that the memory itself works."""
+    memory, forget = _memory(level)
     suite, example = _he(0)
-    program, tests, _ = suite.program_and_tests(example, f"```python\n{MEMORY}```")
-    assert make_sandbox(level, LIMITS).run(FORGET).passed
+    program, tests, _ = suite.program_and_tests(example, f"```python\n{memory}```")
+    assert make_sandbox(level, LIMITS).run(forget).passed
     results = []
-    for _session in range(2):
-        sandbox = make_sandbox(level, LIMITS)  # a fresh session: its own sandbox, same host
+    for _sandbox in range(2):
+        sandbox = make_sandbox(level, LIMITS)  # a fresh Sandbox (as a new session has), same host
         results += [sandbox.run_tests(program, tests) for _ in range(6)]
-    said = [result.stdout_tail.splitlines() for result in results]
-    for result, lines in zip(results, said, strict=True):
+    for result in results:
+        lines = result.stdout_tail.splitlines()
         assert result.status == "failed" and result.tests["calls"] == 7, result
         assert not [line for line in lines if line.startswith(("FOUND", "OBSERVED"))], lines
         assert "LEARNED 0 SAW 0" in lines, lines
     assert sum(result.passed for result in results) == 0  # pass@1 over 12 rollouts: 0
-    words = [line.split() for lines in said for line in lines if line.startswith("CHANNEL ")]
-    counts = [int(word[1]) for word in words if word[1].isdigit()]
-    if counts:  # the memory carries bits from rollout to rollout, across sessions too
-        steps = sum((b - a) % 16 == 1 for a, b in itertools.pairwise(counts))
-        assert steps >= 8, counts
+    # the memory carries bits from rollout to rollout, from one sandbox to the next too
+    assert _counter_steps(results) >= 8
+
+
+@pytest.mark.parametrize("level", FULL_LEVELS)
+@pytest.mark.usefixtures("page_cache")
+def test_the_two_levels_memories_keep_apart(level: str, make_sandbox: MakeSandbox) -> None:
+    """The levels' memory tests may run at once (``-n 2``) on one interpreter: rollouts with
+    the two levels' files, interleaved in one sandbox, each find their own counter one step
+    on (with shared files each would see the other's steps too, and move by two)."""
+    sandbox = make_sandbox(level, LIMITS)
+    suite, example = _he(0)
+    runs = {}
+    for files in MEMORY_FILES:
+        memory, forget = _memory(files)
+        assert sandbox.run(forget).passed
+        runs[files] = suite.program_and_tests(example, f"```python\n{memory}```")[:2]
+    results: dict[str, list[Any]] = {files: [] for files in MEMORY_FILES}
+    for _ in range(4):
+        for files, (program, tests) in runs.items():
+            results[files].append(sandbox.run_tests(program, tests))
+    steps = {files: _counter_steps(results[files]) for files in MEMORY_FILES}
+    assert steps == dict.fromkeys(MEMORY_FILES, 3), steps
 
 
 # -- errors charged to whoever caused them --------------------------------------------------
