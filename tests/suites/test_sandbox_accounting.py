@@ -44,6 +44,7 @@ from pytest_modelbench.sandbox import (
     SandboxLimits,
     cgroups,
     host,
+    launcher,
     policy,
     processes,
     seccomp,
@@ -400,6 +401,45 @@ for _name, _send in (
 """
 
 
+def test_is_descendant_follows_parents_to_the_ancestor() -> None:
+    """The weak level's check behind os.kill: a process itself and a forked grandchild are
+    its descendants; its parent, a sibling started elsewhere, PID 1, process groups (0 and
+    negative numbers), a non-number and a pid no process has are not."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # a child that forks a sleeping grandchild of this process, says its pid
+        os.close(read_end)
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.close(write_end)
+            time.sleep(30)
+            os._exit(0)
+        os.write(write_end, str(grandchild).encode())
+        os.close(write_end)
+        os.waitpid(grandchild, 0)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as said:
+        grandchild = int(said.read())
+    other = subprocess.Popen(["sleep", "30"])  # started by this process, not by `middle`
+    try:
+        assert launcher.is_descendant(middle, middle)
+        assert launcher.is_descendant(grandchild, middle)
+        assert launcher.is_descendant(grandchild, os.getpid())
+        assert not launcher.is_descendant(other.pid, middle)  # a sibling, not a descendant
+        assert not launcher.is_descendant(os.getpid(), middle)  # the parent
+        assert not launcher.is_descendant(1, middle)
+        for pid in (0, -middle, -1, "1", None):
+            assert not launcher.is_descendant(pid, middle)
+        unused = max(int(x) for x in os.listdir("/proc") if x.isdigit()) + 100_000
+        assert not launcher.is_descendant(unused, middle)
+    finally:
+        other.kill()
+        other.wait()
+        os.kill(grandchild, signal.SIGKILL)
+        os.waitpid(middle, 0)
+
+
 def test_the_weak_level_signals_no_process_but_the_programs_own(
     make_sandbox: MakeSandbox,
 ) -> None:
@@ -712,8 +752,9 @@ def test_as_root_bubblewrap_joins_a_cgroup_v2_cgroup(
     make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On cgroup v2 a process may only be moved by one who may write the process list of
-    the cgroup it comes from: as root, the shell that starts bubblewrap (the sandbox user)
-    joins through a descriptor the host opened, and the run is seen inside."""
+    the cgroup it comes from: as root, the host writes the pid of the shell that starts
+    bubblewrap (the sandbox user) into the run's ``cgroup.procs`` before letting it go on,
+    and the run is seen inside."""
     if os.geteuid() != 0:
         pytest.skip("as root only (otherwise bubblewrap runs as the caller)")
     own = _cgroup_v2_folder()
