@@ -98,6 +98,9 @@ MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far 
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
 SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of the program's own processes: allowed
+# a descriptor's owner is signalled when it is ready (with O_ASYNC): naming one is a signal to
+# any process (seccomp.SIGNAL_OWNER_FCNTL and SIGNAL_OWNER_IOCTL, as the filter refuses them)
+SIGNAL_OWNER = {"fcntl.fcntl": (8, 10, 15), "fcntl.ioctl": (0x8901, 0x8902)}
 
 
 def drop_capabilities() -> bool:
@@ -295,6 +298,14 @@ def _denied_event(
         return f"creating processes ({event})"
     if event in SIGNAL_EVENTS and (event != "os.kill" or not is_descendant(args[0], program)):
         return f"signalling processes other than its own ({event})"
+    if (
+        event in SIGNAL_OWNER
+        and isinstance(args[1], int)
+        and args[1] & 0xFFFFFFFF in SIGNAL_OWNER[event]
+    ):
+        return f"naming a process to signal ({event})"
+    if event == "resource.prlimit" and args[0] not in (0, os.getpid()) and args[2] is not None:
+        return f"changing another process's limits ({event})"
     if event == "open" and isinstance(args[0], (str, bytes)):
         path = os.fsdecode(args[0])
         parts = path.split("/")
@@ -430,6 +441,7 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
         candidate.serve(wire.Channel(down_read, up_write), path)
     os.close(down_read)
     os.close(up_write)
+    catch_no_signals()
     silence()  # the program's stdout and stderr are its own: the judge writes none of it
     fd = config["report_fd"]
     program = judge.Program(wire.Channel(up_read, down_write))
@@ -445,6 +457,16 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     program.hang_up()  # the program's process sees the end of its input and exits
     _report(fd, {"verdict": verdict, "exit": _stop(child)})
     os._exit(0)
+
+
+def catch_no_signals() -> None:
+    """Default actions for every signal this process catches (Python's ``SIGINT`` handler):
+    as PID 1 of a PID namespace it then receives from inside only the signals it catches,
+    none, so the program cannot end (or interrupt) its judge by any way of signalling."""
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
 
 
 def silence() -> None:
@@ -475,6 +497,7 @@ def init(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     child = os.fork()
     if child == 0:
         worker(config, iso)
+    catch_no_signals()
     while True:  # as PID 1 we also reap orphans; stop when the worker is done
         pid, status = os.wait()
         if pid == child:
