@@ -334,10 +334,10 @@ class ItemEvaluator:
                 return self._result(
                     item, metric, seeded, item_store.directory, from_store=True, setup=setup
                 )
+        start_over = None
         if reason and (journal_exists or summary):
-            item_store.journal.discard("forced" if self.options.force else "stale")
-            item_store.clear_summary()
-        item_store.begin(_metadata(item, fingerprint, parts))
+            start_over = "forced" if self.options.force else "stale"
+        item_store.begin(_metadata(item, fingerprint, parts), start_over=start_over)
         summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
         setup = self._setup(item, parts, endpoint, summary)
         return self._result(

@@ -4,8 +4,8 @@ A pool of lanes (coroutines) pulls (example, rollout) work units from one
 iterator, so memory stays flat for 100k-example items and each server always
 has ``max_concurrent`` requests to batch: when a replica joins the model's URL
 set the pool grows, when a server leaves it shrinks. Each finished example is one
-journal row, appended to the item's :class:`~pytest_modelbench.store.item_rows.RowSink`; failures after retries are recorded as
-errors, never as wrong answers. Heavy scorers run in worker processes
+journal row, appended to the item's ``RowSink`` (``store.item_rows``); failures after
+retries are recorded as errors, never as wrong answers. Heavy scorers run in worker processes
 (``running.scoring``), waiting ones in threads: the loop never waits on scoring.
 """
 

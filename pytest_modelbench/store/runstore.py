@@ -72,8 +72,13 @@ class ItemStore:
         return read_json(self.metadata_path)
 
     # -- bookkeeping: item files and manifest entry together ---------------------------------
-    def begin(self, metadata: ItemMetadata) -> None:
-        """Before the first request: the resolved configuration, and the entry as running."""
+    def begin(self, metadata: ItemMetadata, *, start_over: str | None = None) -> None:
+        """Before the first request: the resolved configuration, and the entry as running.
+        ``start_over`` (why: ``stale``, ``forced``): the journal is moved aside and the summary
+        removed first, so the item starts from nothing."""
+        if start_over is not None:
+            self.journal.discard(start_over)
+            self.clear_summary()
         atomic_write_json(self.metadata_path, metadata.to_json())
         self._manifest(ManifestEntry.running(metadata))
 
