@@ -140,6 +140,7 @@ async def measure_item(
     from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
     from pytest_modelbench.running.progress import NullProgress
     from pytest_modelbench.running.runner import LoopSettings, run_loop, work_units
+    from pytest_modelbench.store.item_rows import ItemRows
     from pytest_modelbench.store.journal import Journal
     from pytest_modelbench.suites import load_suite
     from pytest_modelbench.suites.selection import select_examples
@@ -178,20 +179,20 @@ async def measure_item(
 
     with tempfile.TemporaryDirectory(prefix="mb-scoring-lag-") as tmp:
         journal = Journal(Path(tmp) / "results.jsonl")
-        journal.open()
+        sink = ItemRows.open(journal)
         try:
             async with OpenAIClient([base_url], retry=RetryPolicy(), timeout_s=120.0) as client:
                 watcher = asyncio.create_task(monitor())
                 await asyncio.sleep(0)  # the monitor is sleeping before the item starts
                 started = time.perf_counter()
                 stats = await run_loop(
-                    suite, work_units(examples, 1, set()), client, journal, settings, NullProgress()
+                    suite, work_units(examples, 1, set()), client, sink, settings, NullProgress()
                 )
                 wall_s = time.perf_counter() - started
                 running = False
                 await watcher
         finally:
-            journal.close()
+            sink.close()
         rows = list(journal.rows())
     scores = [row["score"] for row in rows if row.get("score") is not None]
     return {

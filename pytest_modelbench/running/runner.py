@@ -4,8 +4,8 @@ A pool of lanes (coroutines) pulls (example, rollout) work units from one
 iterator, so memory stays flat for 100k-example items and each server always
 has ``max_concurrent`` requests to batch: when a replica joins the model's URL
 set the pool grows, when a server leaves it shrinks. Each finished example is one
-journal line (``store.Journal``); failures after retries are recorded as
-errors, never as wrong answers. Heavy scorers run in worker processes
+journal row, appended to the item's ``RowSink`` (``store.item_rows``); failures after
+retries are recorded as errors, never as wrong answers. Heavy scorers run in worker processes
 (``running.scoring``), waiting ones in threads: the loop never waits on scoring.
 """
 
@@ -15,13 +15,14 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_modelbench.running.client import Completion, OpenAIClient, RequestFailed
 from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.running.scoring import off_loop_scorer
-from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, Suite
 
@@ -86,7 +87,7 @@ class LoopSettings:
 
 
 def work_units(
-    examples: Iterable[Example], rollouts: int, done: set[tuple[str, int]]
+    examples: Iterable[Example], rollouts: int, done: AbstractSet[tuple[str, int]]
 ) -> Iterator[tuple[Example, int]]:
     """Every (example, rollout) whose journal line is missing or was an error."""
     for example in examples:
@@ -114,25 +115,27 @@ async def run_loop(
     suite: Suite,
     units: Iterator[tuple[Example, int]],
     client: OpenAIClient,
-    journal: Journal,
+    sink: RowSink,
     settings: LoopSettings,
     progress: ProgressSink,
-    on_row: Callable[[Mapping[str, Any]], bool] | None = None,
+    *,
+    may_stop: bool = False,
     order: SampleOrder | None = None,
 ) -> LoopStats:
     """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth.
 
-    ``on_row`` sees each row once journalled; when it returns True (``--mb-stop-early``: the
-    verdict is certain) no unit is started any more and the requests in flight are cancelled
-    (their rows are never written). With ``order`` (the units' order the rule reads) a unit is
-    sent only within :func:`send_ahead` units of ``order.frontier()``: one slow reply early in
-    the order pauses sending, instead of the rest of the item going out while the rule waits."""
+    With ``may_stop``, the sink is asked after each row whether the item is ``stopped()``
+    (``--mb-stop-early``: the verdict is certain); once it is, no unit is started any more and
+    the requests in flight are cancelled (their rows are never written). With ``order`` (the
+    units' order the rule reads) a unit is sent only within :func:`send_ahead` units of
+    ``order.frontier()``: one slow reply early in the order pauses sending, instead of the rest
+    of the item going out while the rule waits."""
     stats = LoopStats()
     stop = asyncio.Event()
 
     def journalled(row: dict[str, Any]) -> None:
-        journal.append(row)
-        if on_row is not None and on_row(row):
+        sink.append(row)
+        if may_stop and sink.stopped():
             stop.set()
 
     started = time.perf_counter()
@@ -189,7 +192,7 @@ async def run_loop(
         return client.dead is not None or stop.is_set()
 
     try:
-        if on_row is None:
+        if not may_stop:
             await run_lanes(units, one, capacity, stopped)
         else:
             sent = one if order is None else in_window(one, order, capacity, stopped)

@@ -25,6 +25,7 @@ from pytest_modelbench.store.files import (
     link_or_copy,
     read_json,
 )
+from pytest_modelbench.store.item_rows import ItemRows
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import (
     MANIFEST_VERSION,
@@ -71,10 +72,20 @@ class ItemStore:
         return read_json(self.metadata_path)
 
     # -- bookkeeping: item files and manifest entry together ---------------------------------
-    def begin(self, metadata: ItemMetadata) -> None:
-        """Before the first request: the resolved configuration, and the entry as running."""
+    def begin(self, metadata: ItemMetadata, *, start_over: str | None = None) -> None:
+        """Before the first request: the resolved configuration, and the entry as running.
+        ``start_over`` (why: ``stale``, ``forced``): the journal is moved aside and the summary
+        removed first, so the item starts from nothing."""
+        if start_over is not None:
+            self.journal.discard(start_over)
+            self.clear_summary()
         atomic_write_json(self.metadata_path, metadata.to_json())
         self._manifest(ManifestEntry.running(metadata))
+
+    def open_rows(self) -> ItemRows:
+        """The item's journal for its run, repaired, with the units already done (resume);
+        closed by the caller before it summarises the rows and finishes the item."""
+        return ItemRows.open(self.journal)
 
     def finish(self, summary: dict[str, Any], entry: ManifestEntry) -> None:
         """The keys the summary covers (taken out of ``summary``), the item's summary, then its
