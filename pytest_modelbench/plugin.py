@@ -158,7 +158,7 @@ def start_session(config: pytest.Config) -> ModelbenchSession:
                 report_options.tracker_project,
                 lambda: session.run_dir.name,
                 session.tracker_config,
-                lambda: {r.item_id: r.verdict_text for r in session.records},
+                lambda: session.records,
             )
     scheduling.register(config, options.dist, lambda: session.active, session.plan_costs)
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check

@@ -32,9 +32,10 @@ from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
-from pytest_modelbench.store.records import PROPERTY_PREFIX
+from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import ItemStore, RunStore, find_latest_run, new_run_id
+from pytest_modelbench.store.runlog import find_latest_run
+from pytest_modelbench.store.runstore import ItemStore, RunStore, new_run_id
 from pytest_modelbench.store.verdict import GateVerdict
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
@@ -688,8 +689,9 @@ class ModelbenchSession:
             items = store.read_manifest().get("items") or {}
             for item_id in sorted(self._in_flight):
                 entry = items.get(item_id)
-                if isinstance(entry, dict) and entry.get("status") == "running":
-                    store.update_item(item_id, status="interrupted")
+                status = ItemStatus.of(entry.get("status")) if isinstance(entry, dict) else None
+                if status is ItemStatus.RUNNING:
+                    store.update_item(item_id, status=ItemStatus.INTERRUPTED)
 
     def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
         result = EvalResult(
@@ -723,7 +725,7 @@ class ModelbenchSession:
             self.records.append(result)
         if first or report.failed:
             self.outcomes[result.item_id] = report.outcome
-        if pending_status(report) is not None:  # announced when Holm's final step decides it
+        if pending_status(report, result) is not None:  # announced when Holm decides it
             waiting = PendingItem(report, _junit_entry(self.config, report))
             self._pending.setdefault(result.item_id, []).append(waiting)
         elif first:
@@ -754,7 +756,9 @@ class ModelbenchSession:
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
         """An item waiting for Holm's final step shows as ``HOLM-PENDING``, not ``PASSED``."""
-        return pending_status(report) if self.options.correction == "holm" else None
+        if self.options.correction != "holm" or report.when != "call" or not report.passed:
+            return None
+        return pending_status(report, self._result_of(report))
 
     def _announce_finished(self, result: EvalResult) -> None:
         """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from pytest_modelbench.store.records import PROPERTY_PREFIX
+from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.verdict import Verdict
 
 PENDING = "holm-pending"  # the terminal category of an item waiting for Holm's final step
 VERDICT_PROPERTY = PROPERTY_PREFIX + "verdict"
@@ -43,33 +45,37 @@ def holm_decision(p_value: float, alpha: float, family: int) -> bool | None:
     return None
 
 
-def pending_status(report: pytest.TestReport) -> tuple[str, str, str] | None:
-    """The terminal's (category, letter, word) of a passed call that waits for Holm."""
-    if report.when != "call" or not report.passed:
+def pending_status(
+    report: pytest.TestReport, result: EvalResult | None
+) -> tuple[str, str, str] | None:
+    """The terminal's (category, letter, word) of a passed call whose item's saved record
+    (``result``) waits for Holm."""
+    if report.when != "call" or not report.passed or result is None or not result.gate_deferred:
         return None
-    for name, value in report.user_properties:
-        if name == VERDICT_PROPERTY:
-            return (PENDING, "h", "HOLM-PENDING") if str(value).endswith("pending)") else None
-    return None
+    return (PENDING, "h", "HOLM-PENDING")
 
 
 def settle(
-    config: pytest.Config, session: pytest.Session, item: PendingItem, verdict: str, message: str
+    config: pytest.Config,
+    session: pytest.Session,
+    item: PendingItem,
+    verdict: Verdict,
+    message: str,
 ) -> None:
     """Give a waiting item its final verdict (``pass`` or ``fail``) everywhere."""
     report = item.report
     report.user_properties = [
-        (name, verdict if name == VERDICT_PROPERTY else value)
+        (name, verdict.value if name == VERDICT_PROPERTY else value)
         for name, value in report.user_properties
     ]
-    failed = verdict != "pass"
+    failed = verdict.failed
     if failed:
         report.outcome = "failed"
         report.longrepr = message
         session.testsfailed += 1
     _terminal(config, report, "failed" if failed else "passed")
-    _junit(config, item, verdict, message if failed else None)
-    _pytest_html(config, report, verdict, message if failed else None)
+    _junit(config, item, verdict.value, message if failed else None)
+    _pytest_html(config, report, verdict.value, message if failed else None)
     if failed:
         _lastfailed(config, report)
 
