@@ -328,7 +328,9 @@ class TrackerReporter:
             except Exception as exc:  # a tracker's failure must not stop the benchmarks
                 self._problem(tracker.name, "could not finish its run", exc)
 
-    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+    def pytest_terminal_summary(
+        self, terminalreporter: pytest.TerminalReporter, exitstatus: int
+    ) -> None:
         self.finish(failed=exitstatus != 0)
         for problem in self.problems:
             terminalreporter.write_line(f"modelbench: {problem}", yellow=True)

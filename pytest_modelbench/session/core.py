@@ -39,8 +39,18 @@ from pytest_modelbench.store.runstore import ItemStore, RunStore, new_run_id
 from pytest_modelbench.store.verdict import GateVerdict
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from types import FrameType
+
+    from _pytest.junitxml import _NodeReporter
+    from xdist.workermanage import WorkerController
+
+    from pytest_modelbench.backends.protocol import Backend
+    from pytest_modelbench.evaluation.evaluate import ItemEvaluator
+    from pytest_modelbench.gating.baselines import BaselineBook
+    from pytest_modelbench.gating.early import StopRule
+    from pytest_modelbench.serving.exchange import Exchange
+    from pytest_modelbench.serving.pool import ServerPool
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
 ITEM_PROPERTY = PROPERTY_PREFIX + "item"
@@ -58,11 +68,12 @@ class ModelbenchSession:
         self._plan: Plan | None = None
         self._plan_error: str | None = None
         self._run_dir: Path | None = None
-        self._evaluator: Any = None
-        self._server_pool: Any = None  # serving.ServerPool, made by the first that needs it
+        self._evaluator: ItemEvaluator | None = None
+        self._server_pool: ServerPool | None = None  # made by the first that needs it
         self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
-        self._exchange: Any = None  # controller: serving.exchange.Exchange (False: none)
-        self._book: Any = None
+        self._exchange: Exchange | None = None  # controller, several nodes: lends servers
+        self._exchange_started = False  # whether the exchange was decided on (and started)
+        self._book: BaselineBook | None = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.records: list[EvalResult] = []  # controller: one per finished item
@@ -410,7 +421,7 @@ class ModelbenchSession:
         ]
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
+    def pytest_configure_node(self, node: WorkerController) -> None:
         """xdist controller → worker: every worker writes the same run directory; with
         several nodes, every worker gets the session's exchange (replicas across nodes)."""
         if self.active:
@@ -424,16 +435,16 @@ class ModelbenchSession:
                 exchange.book.worker_up(node.gateway.id)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any) -> None:
+    def pytest_testnodedown(self, node: WorkerController) -> None:
         """A worker exited: helpers stop waiting for it (replicas across nodes)."""
-        if self._exchange:
+        if self._exchange is not None:
             self._exchange.book.worker_down(node.gateway.id)
 
-    def _node_exchange(self) -> Any:
+    def _node_exchange(self) -> Exchange | None:
         """The exchange of a session whose ``--tx`` groups span several nodes (started once),
         else None."""
-        if self._exchange is None:
-            self._exchange = False
+        if not self._exchange_started:
+            self._exchange_started = True
             if os.environ.get(NO_REPLICAS_ENV):
                 return None
             # lazily: loaded only when this runs, not at every pytest start-up
@@ -451,7 +462,7 @@ class ModelbenchSession:
                     reporter.write_line(f"modelbench: replicas across nodes are off: {exc}")
                 return None
             self._exchange = exchange
-        return self._exchange or None
+        return self._exchange
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "mb_item" not in metafunc.fixturenames:
@@ -500,7 +511,7 @@ class ModelbenchSession:
             write_planned_setups(session.config, self._selected, book)
 
     # -- evaluation (worker side) ------------------------------------------------------------
-    def evaluator(self) -> Any:
+    def evaluator(self) -> ItemEvaluator:
         if self._evaluator is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.evaluation.endpoints import EndpointManager
@@ -526,7 +537,7 @@ class ModelbenchSession:
                 self._evaluator.stop_rule_for = self._stop_rule
         return self._evaluator
 
-    def _stop_rule(self, item: PlannedItem, metric: str) -> Any:
+    def _stop_rule(self, item: PlannedItem, metric: str) -> StopRule | None:
         """``--mb-stop-early``: the item's stop rule from its baseline (early decisions at
         alpha / m under Holm)."""
         # lazily: loaded only when this runs, not at every pytest start-up
@@ -536,7 +547,7 @@ class ModelbenchSession:
         rollouts = item.variant.rollouts_per_example
         return self.baseline_book().stop_rule(ref, metric, self.holm_family, rollouts)
 
-    def server_pool(self) -> Any:
+    def server_pool(self) -> ServerPool:
         """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
         if self._server_pool is None:
             # lazily: loaded only when this runs, not at every pytest start-up
@@ -585,13 +596,15 @@ class ModelbenchSession:
             min(item.model.serve.gpus if item.model.serve is not None else 1 for item in selected)
         )
 
-    def backend_for(self, module: str) -> Any:
-        backend = self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module)
+    def backend_for(self, module: str) -> Backend | None:
+        backend: Backend | None = self.config.hook.pytest_modelbench_make_backend(
+            config=self.config, module=module
+        )
         if backend is None:
             self.check_module(module, "module")
         return backend
 
-    def baseline_book(self) -> Any:
+    def baseline_book(self) -> BaselineBook:
         if self._book is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import BaselineBook
@@ -774,7 +787,7 @@ class ModelbenchSession:
                 f"{type(exc).__name__}: {redact(str(exc))[:300]}"
             )
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.records:
             return
         # lazily: loaded only when this runs, not at every pytest start-up
@@ -840,7 +853,7 @@ class ModelbenchSession:
             self._evaluator.endpoints.close(interrupted=interrupted)
         elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
             self._server_pool.close(lend=not interrupted)  # (or serve another node's item)
-        if self._exchange:
+        if self._exchange is not None:
             self._exchange.close()
         if is_worker(self.config) or not self.records:
             return
@@ -905,7 +918,7 @@ class ModelbenchSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> Any:
+def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> _NodeReporter | None:
     """pytest's JUnit entry of a test (``--junitxml``), or None."""
     # lazily: only sessions with an item waiting for Holm get here
     from _pytest.junitxml import xml_key
@@ -932,7 +945,7 @@ def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
     return None
 
 
-def _env_args_refusal(backend: Any, item: PlannedItem) -> str | None:
+def _env_args_refusal(backend: Backend | None, item: PlannedItem) -> str | None:
     """The backend's own complaint about the item's env args, or None when it accepts them
     (or cannot check them before running: the verifiers and lm-eval backends)."""
     suite = getattr(backend, "suite", None)  # built-in suites and jsonl

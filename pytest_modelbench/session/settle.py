@@ -15,13 +15,16 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.verdict import Verdict
+
+if TYPE_CHECKING:  # pytest's JUnit plugin loads only with --junitxml
+    from _pytest.junitxml import _NodeReporter
 
 PENDING = "holm-pending"  # the terminal category of an item waiting for Holm's final step
 VERDICT_PROPERTY = PROPERTY_PREFIX + "verdict"
@@ -32,7 +35,7 @@ class PendingItem:
     """An item Holm has yet to decide: its call report, and the JUnit entry made from it."""
 
     report: pytest.TestReport
-    junit: Any = None  # a _pytest.junitxml node reporter, when --junitxml is on
+    junit: _NodeReporter | None = None  # pytest's JUnit entry, when --junitxml is on
 
 
 def holm_decision(p_value: float, alpha: float, family: int) -> bool | None:
