@@ -12,7 +12,6 @@ modelbench's crash-proof one), pytest-html and the exit code. Reports, trackers 
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,7 +77,7 @@ def settle(
         session.testsfailed += 1
     _terminal(config, report, "failed" if failed else "passed")
     _junit(config, item, verdict.value, message if failed else None)
-    _pytest_html(config, report, verdict.value, message if failed else None)
+    _pytest_html(config, report, message if failed else None)
     if failed:
         _lastfailed(config, report)
 
@@ -125,12 +124,10 @@ def _lastfailed(config: pytest.Config, report: pytest.TestReport) -> None:
             plugin.pytest_runtest_logreport(report)
 
 
-def _pytest_html(
-    config: pytest.Config, report: pytest.TestReport, verdict: str, failure: str | None
-) -> None:
+def _pytest_html(config: pytest.Config, report: pytest.TestReport, failure: str | None) -> None:
     """pytest-html rendered the test at teardown, as waiting; its data get the final verdict:
-    the outcome here, the modelbench cells and paragraph re-rendered by ``modelbench-html``
-    from the record saved with that verdict."""
+    the outcome here, the modelbench cells (the verdict among them) and paragraph re-rendered by
+    ``modelbench-html`` from the record saved with that verdict."""
     columns = config.pluginmanager.get_plugin("modelbench-html")
     for plugin in config.pluginmanager.get_plugins():
         data = getattr(getattr(plugin, "_report", None), "data", None)
@@ -138,10 +135,7 @@ def _pytest_html(
         if not isinstance(data, dict) or "tests" not in data or not isinstance(outcomes, dict):
             continue
         for test in data["tests"].get(report.nodeid, []):
-            cells = [
-                re.sub(r">[^<>]*\(Holm pending\)<", f">{verdict}<", cell)
-                for cell in test.get("resultsTableRow", [])
-            ]
+            cells = list(test.get("resultsTableRow", []))
             if failure is not None:
                 test["result"] = "Failed"
                 cells = [cell.replace(">Passed<", ">Failed<") for cell in cells]
