@@ -62,6 +62,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from _harness import Sim  # perf/ scripts import each other from their own directory
+
 MODEL = "sim-model"
 ACCURACY = 0.7
 SUITES = ("math500", "gsm8k")
@@ -245,46 +247,7 @@ def write_lookup(path: Path, n: int) -> dict[str, int]:
     return counts
 
 
-class Server:
-    """The simulator in its own process; ``base_url`` once it listens."""
-
-    def __init__(self, lookup: Path, slots: int, latency: float) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "pytest_modelbench.testing.simserver",
-            "--slots",
-            str(slots),
-            "--latency",
-            str(latency),
-            "--latency-dist",
-            "fixed",
-            "--accuracy",
-            str(ACCURACY),
-            "--lookup",
-            str(lookup),
-            "--models",
-            MODEL,
-        ]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        assert self.process.stdout is not None
-        self.base_url = self.process.stdout.readline().strip()
-        if not self.base_url:
-            self.process.wait()
-            raise SystemExit(f"simserver exited with {self.process.returncode} before its URL")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def measure_run(suite: str, mode: str, repetition: int, n: int, server: Server, slots: int) -> Run:
+def measure_run(suite: str, mode: str, repetition: int, n: int, server: Sim, slots: int) -> Run:
     """One child process: ``run_loop`` over ``n`` examples of ``suite`` in ``mode``."""
     command = [
         sys.executable,
@@ -458,7 +421,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts = write_lookup(lookup, args.examples)
         if len(set(counts.values())) != 1:
             print(f"  note: examples per suite differ: {counts}", file=sys.stderr)
-        server = Server(lookup, args.slots, args.latency)
+        server = Sim(
+            slots=args.slots,
+            latency=args.latency,
+            accuracy=ACCURACY,
+            lookup=lookup,
+            model=MODEL,
+            quiet=True,
+        )
         try:
             runs = [
                 measure_run(suite, mode, repetition, args.examples, server, args.slots)

@@ -38,7 +38,8 @@ from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.item_rows import ItemRows
 from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
+from pytest_modelbench.store.runlog import resolve_run_ref
+from pytest_modelbench.store.runstore import ItemStore, RunStore
 from pytest_modelbench.store.setup import SetupRecord
 
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ from pytest_modelbench.scheduling.tokens import ESTIMATED, TokenMemory, read_tok
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
+    from pytest_modelbench.gating.baselines import BaselineBook
     from pytest_modelbench.planning.item import PlannedItem
 
 
@@ -222,7 +223,9 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
             )
 
 
-def write_planned_setups(config: pytest.Config, items: Sequence[PlannedItem], book: Any) -> None:
+def write_planned_setups(
+    config: pytest.Config, items: Sequence[PlannedItem], book: BaselineBook
+) -> None:
     """``--collect-only``: the items whose baseline was measured under another setup than the
     one planned, as far as the plan knows it (serving args, GPU count, weights, chat template,
     sampling, budget; not the engine's version or the GPU model, known once a server runs)."""
