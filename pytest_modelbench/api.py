@@ -2,7 +2,8 @@
 
 Everything else in ``pytest_modelbench`` is private and may change. A conftest or plugin adds
 a ``module:`` kind by implementing the ``pytest_modelbench_make_backend`` hook and returning a
-:class:`Backend` (docs/api.md works one through); tests read an item's :class:`EvalResult`.
+:class:`Backend` (docs/api.md works one through); tests read an item's :class:`EvalResult`,
+and tools read a whole run directory with :func:`read_run`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.endpoint import Endpoint
 from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.store.item_rows import RowSink
-from pytest_modelbench.store.records import JOURNAL_ROW_VERSION, JournalRow
+from pytest_modelbench.store.records import JOURNAL_ROW_VERSION, ItemStatus, JournalRow
 from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.runlog import RunItem, RunLog, RunStatus, read_run
+from pytest_modelbench.store.verdict import Verdict
 from pytest_modelbench.suites.contract import Example, Score, Suite
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ __all__ = [
     "EvaluationError",
     "Example",
     "ItemContext",
+    "ItemStatus",
     "JournalRow",
     "ModelbenchUsageError",
     "Outcome",
@@ -39,9 +43,14 @@ __all__ = [
     "ProgressSink",
     "RequestFailed",
     "RowSink",
+    "RunItem",
+    "RunLog",
+    "RunStatus",
     "Score",
     "Suite",
     "SuiteBackend",
+    "Verdict",
+    "read_run",
 ]
 
 

@@ -79,6 +79,14 @@ def test_a_third_party_backend_runs_resumes_and_is_gated(project: Project, sim: 
     assert summary["arithmetic"] == {"asked": QUESTIONS}  # the backend's own field
     verdict = json.loads((item_dir / "result.json").read_text())["verdict"]
     assert verdict["baseline_value"] == 0.9 and verdict["passed"], verdict
+    log = api.read_run(run_dir)  # a tool reads the run back through the public API alone
+    (item,) = log.items
+    assert (item.item_id, item.status, item.verdict) == (
+        "alpha-arithmetic-seed0",
+        api.ItemStatus.FINISHED,
+        api.Verdict.PASS,
+    )
+    assert log.status() is api.RunStatus.FINISHED and log.gate_failures() == 0
 
     # a kill after 15 rows: the backend is told what is done and asks only the rest
     lines = (item_dir / "results.jsonl").read_text().splitlines(keepends=True)
