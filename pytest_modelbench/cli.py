@@ -250,7 +250,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         )
     rows = []
     for path in list_runs(args.run_dir):
-        run = read_run(path)
+        run = read_run(path, metadata=False)
         manifest = run.manifest
         rows.append(
             {

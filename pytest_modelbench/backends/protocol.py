@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
+from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.endpoint import Endpoint
 from pytest_modelbench.running.progress import ProgressSink
@@ -39,6 +40,14 @@ class ItemContext:
     @cached_property
     def endpoint(self) -> Endpoint:
         return self.resolve_endpoint()
+
+    @property
+    def store(self) -> NoReturn:
+        """Gone: a backend appends rows to ``ctx.rows``; modelbench owns the item's journal."""
+        raise EvaluationError(
+            "ItemContext.store is gone: a backend appends its rows to ctx.rows and returns an "
+            "Outcome (pytest_modelbench.api; see docs/api.md)"
+        )
 
 
 @dataclass(frozen=True)

@@ -448,6 +448,12 @@ class ItemEvaluator:
                 )
             finally:
                 rows.close()
+            if not isinstance(outcome, Outcome):  # a backend written for an older release
+                raise EvaluationError(
+                    f"the backend of module {item.variant.module!r} returned "
+                    f"{type(outcome).__name__}, not an Outcome: a backend appends its rows to "
+                    "ctx.rows and returns pytest_modelbench.api.Outcome (see docs/api.md)"
+                )
             summary = summarise(rows, outcome)
         except EvaluationError as exc:
             item_store.fail(str(exc))

@@ -102,7 +102,7 @@ class HtmlReportColumns:
 
     def item_record(self, item_id: str, outcome: str) -> ItemRecord:
         """The item as the report shows it, from the record its worker saved."""
-        (item,) = read_run(self._run_dir(), ids=[item_id]).items
+        (item,) = read_run(self._run_dir(), ids=[item_id], manifest=False).items
         return build_item(item, outcome)
 
     def refresh(self, test: dict[str, Any], report: pytest.TestReport) -> None:

@@ -153,13 +153,17 @@ def read_run(
     *,
     only_records: bool = False,
     ids: Iterable[str] | None = None,
+    manifest: bool = True,
+    metadata: bool = True,
 ) -> RunLog:
     """The run in ``directory``: the manifest's items, each with its saved record; this
     session's ``records`` are taken as they are (``only_records``: just those items;
-    ``ids``: just these)."""
+    ``ids``: just these). ``manifest=False`` (with ``ids``) reads only the items' own files,
+    their status then being their summary's: one item read after each test costs the same
+    at any run size. ``metadata=False`` leaves each item's ``metadata`` None."""
     store = RunStore(directory)
-    manifest = store.read_manifest()
-    entries = manifest.get("items")
+    manifest_fields = store.read_manifest() if manifest or ids is None else {}
+    entries = manifest_fields.get("items")
     entries = entries if isinstance(entries, dict) else {}
     by_record = {r.item_id: r for r in records or []}
     if ids is None:
@@ -178,11 +182,11 @@ def read_run(
                 summary=result.summary
                 if result is not None and result.summary
                 else item_store.read_summary(),
-                metadata=item_store.read_metadata(),
+                metadata=item_store.read_metadata() if metadata else None,
                 result=result,
             )
         )
-    return RunLog(directory=directory, manifest=manifest, items=tuple(items))
+    return RunLog(directory=directory, manifest=manifest_fields, items=tuple(items))
 
 
 # -- finding run directories -------------------------------------------------------------------

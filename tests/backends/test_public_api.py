@@ -108,3 +108,53 @@ def test_a_third_party_backend_runs_resumes_and_is_gated(project: Project, sim: 
     result = run(*args, "--mb-force")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*arithmetic exact_match 0.000 * vs baseline 0.900*regression*"])
+
+
+OLD_STYLE = '''
+from pytest_modelbench.api import Example
+
+
+class OldStyle:
+    """Written for an earlier release: {how}."""
+
+    def count_examples(self, item):
+        return 1
+
+    def fingerprint_parts(self, item):
+        return {}
+
+    def primary_metric(self, item):
+        return "exact_match"
+
+    def evaluate(self, ctx):
+        {body}
+
+
+def pytest_modelbench_make_backend(config, module):
+    return OldStyle() if module == "old" else None
+'''
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("return {'metrics': {}}", "returned dict, not an Outcome"),
+        ("return ctx.store.journal", "ItemContext.store is gone"),
+    ],
+    ids=["returns-a-dict", "writes-the-store"],
+)
+def test_a_backend_written_for_an_earlier_release_fails_its_item_with_one_line(
+    project: Project, sim: Any, body: str, said: str
+) -> None:
+    """Not "interrupted" with no word: the item errors and says what changed, where to read."""
+    conftest = OLD_STYLE.replace("{body}", body).replace("{how}", said)
+    (project.root / "benchmarks" / "conftest.py").write_text(conftest)
+    project.models({"alpha": {"model": "sim-model", "api_base_url": sim().base_url}})
+    project.env("old", [{"id": "old", "module": "old"}])
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-run-id", "r1")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*{said}*docs/api.md*"])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    result.stdout.no_fnmatch_line("*AttributeError*")
+    manifest = json.loads((project.root / "runs" / "r1" / "run_manifest.json").read_text())
+    assert manifest["items"]["alpha-old-seed0"]["status"] == "error"

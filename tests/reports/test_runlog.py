@@ -150,3 +150,20 @@ def test_the_cli_resolves_a_run_under_the_home_directory(
     monkeypatch.chdir(Path(os.sep))
     assert main(["report", "~/runs/a-1", "--examples", "0"]) == 0
     assert "a-1: 3 items, status failed" in capsys.readouterr().out
+
+
+def test_one_item_is_read_without_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What pytest-html reads after each test: the item's own files, at any run size."""
+    run_dir = _three_items(tmp_path)
+    _gate(run_dir, "m-qa-seed0", passed=False)
+
+    def no_manifest(self: object) -> dict[str, object]:
+        raise AssertionError("the manifest was read")
+
+    monkeypatch.setattr("pytest_modelbench.store.runstore.RunStore.read_manifest", no_manifest)
+    (item,) = read_run(run_dir, ids=["m-qa-seed0"], manifest=False).items
+    assert item.verdict is Verdict.FAIL and item.status is ItemStatus.FINISHED
+    with pytest.raises(AssertionError, match="manifest was read"):
+        read_run(run_dir, ids=["m-qa-seed0"])
