@@ -37,12 +37,11 @@ import random
 import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import remember
 
 SILENT_S = 30.0  # a party that has not called for this long is gone
@@ -440,10 +439,6 @@ def _url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
-# Calls reach the controller directly even when the user has HTTP(S)_PROXY set.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 class ExchangeClient:
     """A worker's calls to the exchange; a call that fails returns None (replicas only help).
     After ``FAILURES`` in a row every later one does too, without calling: the failure is kept
@@ -464,15 +459,18 @@ class ExchangeClient:
     def call(self, name: str, **body: Any) -> dict[str, Any] | None:
         if self.failure is not None:  # unreachable once: replicas across nodes are off
             return None
-        request = urllib.request.Request(
-            f"{self.url}/{name}",
-            data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with _OPENER.open(request, timeout=CALL_TIMEOUT_S) as response:
-                answer = json.loads(response.read())
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        try:  # direct, even when the user has HTTP(S)_PROXY set
+            reply = blocking.request(
+                f"{self.url}/{name}",
+                method="POST",
+                headers=headers,
+                data=json.dumps(body).encode(),
+                timeout_s=CALL_TIMEOUT_S,
+            )
+            if reply.status >= 400:
+                raise OSError(f"HTTP Error {reply.status}: {reply.reason}")
+            answer = json.loads(reply.body)
         except (OSError, ValueError) as exc:
             self._failures += 1
             if self._failures >= FAILURES:
