@@ -1,8 +1,9 @@
 """Which GPUs this process may use, and host-local claims so that no two workers share one.
 
 Discovery is a chain of small providers, first answer wins: ``--gpus`` → the caller's
-``CUDA_VISIBLE_DEVICES`` → the hardware probe (``nvidia-smi``, or the fake one named by
-``MODELBENCH_FAKE_GPUS`` / passed in by tests) → none. Each returns a list or ``None``
+``CUDA_VISIBLE_DEVICES`` → the hardware probe (NVML through ``nvidia-ml-py``; ``nvidia-smi``
+only when NVML cannot load; or the fake one named by ``MODELBENCH_FAKE_GPUS`` / passed in by
+tests) → none. Each returns a list or ``None``
 ("no opinion"); a malformed environment variable warns and is ignored. Whatever the source,
 a GPU outside the caller's ``CUDA_VISIBLE_DEVICES`` is never used, and GPUs whose memory is
 already in use by another process are skipped with a warning.
