@@ -300,12 +300,13 @@ def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
 
 
 def test_an_unreachable_exchange_is_reported_once_and_not_called_again(tmp_path: Path) -> None:
-    from pytest_modelbench.serving.pool import ReplicaWarning, ServerPool, _RemoteServer
+    from pytest_modelbench.serving.pool import ServerPool
     from pytest_modelbench.serving.process import free_port
+    from pytest_modelbench.serving.replica_policy import RemoteServer, ReplicaWarning
 
     client = ExchangeClient("127.0.0.1", free_port(), "t", "k" * 16)
     pool = ServerPool(tmp_path, session="s", exchange=client)
-    lent = _RemoteServer("lease", "http://10.0.0.2:1/v1", pool)
+    lent = RemoteServer("lease", "http://10.0.0.2:1/v1", pool.replicas)
     for _ in range(2):  # a blip is not the end
         assert client.call("serve", helper="gw1", node="b", gpus=1) is None
     assert client.failure is None and lent.is_alive()

@@ -284,7 +284,8 @@ def held_vllm(root: Path, host: str) -> Path:
 def waiting(root: Path, host: str) -> dict[str, str]:
     """Node ``host``'s workers whose server is held back, and the model each one serves."""
     held = root / f"held-{host}"
-    return {p.name.removeprefix("waiting-"): p.read_text() for p in held.glob("waiting-gw*")}
+    notes = (p for p in held.glob("waiting-gw*") if p.suffix != ".tmp")  # .tmp: being written
+    return {p.name.removeprefix("waiting-"): p.read_text() for p in notes}
 
 
 def release(root: Path, host: str) -> None:
