@@ -11,6 +11,7 @@ Standard library only: :mod:`pytest_modelbench.serving` imports this at start-up
 
 from __future__ import annotations
 
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -46,11 +47,18 @@ def request(
     data: bytes | None = None,
     timeout_s: float = 2.0,
     direct: bool = True,
+    context: ssl.SSLContext | None = None,
 ) -> Reply:
     """One request; any HTTP answer (an error status too) is a :class:`Reply`, no answer
-    raises :class:`Unreachable`, and so does a body cut short."""
-    # the proxy variables as they are now (urllib reads them when an opener is built)
-    opener = _DIRECT if direct else urllib.request.build_opener()
+    raises :class:`Unreachable`, and so does a body cut short or a TLS handshake refused.
+    ``context``: the TLS context of an ``https://`` call (the default trust otherwise)."""
+    if context is not None:
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=context)]
+        if direct:
+            handlers.append(urllib.request.ProxyHandler({}))
+        opener = urllib.request.build_opener(*handlers)
+    else:  # the proxy variables as they are now (urllib reads them when an opener is built)
+        opener = _DIRECT if direct else urllib.request.build_opener()
     try:
         prepared = urllib.request.Request(
             url, data=data, headers=dict(headers or {}), method=method
