@@ -15,6 +15,7 @@ fail then); ``FAKE_VLLM_VERSION`` is the build its ``GET /version`` reports.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,10 @@ def install(
         (folder / "__init__.py").write_text("")
     (package / "api_server.py").write_text(FAKE_SERVER)
     log = root / "servers.jsonl"
-    monkeypatch.setenv("PYTHONPATH", str(root / "fakevllm"))
+    current = os.environ.get("PYTHONPATH")  # the package under test may come from there
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(root / "fakevllm"), current]))
+    )
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     monkeypatch.setenv("FAKE_VLLM_REQUESTS", str(root / "requests.jsonl"))
     monkeypatch.setenv("TMPDIR", str(root))  # private GPU lock directory

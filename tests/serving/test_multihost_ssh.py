@@ -269,16 +269,16 @@ os.execv(sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_ser
 """
 
 
-def held_vllm(root: Path, host: str) -> Path:
+def held_vllm(root: Path, host: str) -> str:
     """``PYTHONPATH`` for node ``host`` whose servers wait for :func:`release` (``HELD_SERVER``)."""
     held = root / f"held-{host}"
     package = held / "vllm" / "entrypoints" / "openai"
     package.mkdir(parents=True)
     for folder in (package.parents[1], package.parents[0], package):
         (folder / "__init__.py").write_text("")
-    fake = str(root / "fakevllm")  # where fakevllm.install put the fake vLLM
+    fake = os.environ["PYTHONPATH"]  # fakevllm.install put the fake vLLM first on it
     (package / "api_server.py").write_text(HELD_SERVER.format(held=str(held), fake=fake))
-    return held
+    return os.pathsep.join([str(held), fake])
 
 
 def waiting(root: Path, host: str) -> dict[str, str]:
