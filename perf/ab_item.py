@@ -31,10 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PERF = Path(__file__).resolve().parent
-sys.path.insert(0, str(PERF))
-
-from throughput import (  # noqa: E402  # perf/ scripts are not a package
+from throughput import (  # perf/ scripts import each other from their own directory
     Modelbench,
     Server,
     Setup,
@@ -42,6 +39,7 @@ from throughput import (  # noqa: E402  # perf/ scripts are not a package
     write_data,
 )
 
+PERF = Path(__file__).resolve().parent
 SIDES = ("old", "new")
 
 
@@ -74,7 +72,7 @@ def run_item(project: Path, package_root: Path, server: Server) -> Timing:
     started = time.monotonic()
     subprocess.run(argv, cwd=project, env=env, stdout=subprocess.DEVNULL, check=True)
     ended = time.monotonic()
-    records = server.records_since(offset)
+    records = server.since(offset)
     first = min(float(r["start"]) for r in records)
     last = max(float(r["end"]) for r in records)
     return Timing(ended - started, first - started, last - first, ended - last)

@@ -22,11 +22,12 @@ import asyncio
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from pytest_modelbench.testing.process import SimProcess
 
 CONCURRENCY = 64
 PAYLOAD = {
@@ -95,22 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pytest_modelbench.testing.simserver", "--slots", "64",
-         "--latency", "0.02", "--latency-dist", "fixed", "--models", "sim-model"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
-        assert server.stdout is not None
-        base_url = server.stdout.readline().strip()
+    flags = ["--slots", "64", "--latency", "0.02", "--latency-dist", "fixed"]
+    with SimProcess([*flags, "--models", "sim-model"]) as server:
         runs: dict[str, list[tuple[float, float, int]]] = {v: [] for v in variants}
         for _ in range(args.repeat):  # interleaved, so load changes hit every variant alike
             for variant in variants:
-                runs[variant].append(measure(variant, base_url, args.requests))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+                runs[variant].append(measure(variant, server.base_url, args.requests))
     print(f"# client CPU per request, {args.requests} requests x {args.repeat} runs, 64 at once")
     print("| variant | CPU µs / request (best) | (median) | req/s (best run) |")
     print("|---|---:|---:|---:|")

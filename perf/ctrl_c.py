@@ -1,7 +1,7 @@
 """How long Ctrl-C takes to end a served run, at each moment, and whether anything is left.
 
 A fresh project with fake GPUs (``MODELBENCH_FAKE_GPUS``) and the fake vLLM of the tests
-(``tests/serving/fakevllm.py``: the real launch path serving the simulated server). pytest
+(``pytest_modelbench.testing.fakevllm``: the real launch path serving the simulated server). pytest
 runs in its own process group, and Ctrl-C is sent as a terminal sends it: SIGINT to the whole
 group (pytest and its xdist workers; engines run in groups of their own). Phases:
 
@@ -33,21 +33,14 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.serving.fakevllm import BENCHMARK, FAKE_SERVER  # noqa: E402  # perf/ is not a package
+from pytest_modelbench.testing.fakevllm import BENCHMARK, write_fake_vllm
 
 EXTRA: list[str] = []  # --pytest-args: more pytest arguments, e.g. -p no:hypothesispytest
 PHASES = ("starting", "serving", "serving-n2", "shared-n2", "reports")
 
 
 def project(root: Path, examples: int, seeds: list[int]) -> None:
-    package = root / "fakevllm" / "vllm" / "entrypoints" / "openai"
-    package.mkdir(parents=True)
-    for folder in (package.parents[1], package.parents[0], package):
-        (folder / "__init__.py").write_text("")
-    (package / "api_server.py").write_text(FAKE_SERVER)
+    write_fake_vllm(root)
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "test_models.py").write_text(BENCHMARK)
     (root / "configs" / "envs").mkdir(parents=True)

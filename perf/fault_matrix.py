@@ -1,7 +1,7 @@
 """The fault matrix: faults injected, examples, completed, errors reported, duplicates, losses.
 
 Runs real ``pytest -n 2`` sessions of a throw-away project against simulated
-servers (``tests.reliability.faultmatrix``, the same scenarios that
+servers (``pytest_modelbench.testing.faultmatrix``, the same scenarios that
 ``tests/reliability/test_fault_matrix.py`` asserts on) and prints one Markdown row
 per scenario and session:
 
@@ -33,8 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness lives with the tests
-from tests.reliability.faultmatrix import (
+from pytest_modelbench.testing.faultmatrix import (
     Audit,
     Phase,
     markdown_table,

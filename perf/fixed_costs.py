@@ -53,6 +53,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from _harness import Sim  # perf/ scripts import each other from their own directory
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "sim-model"
 WORKTREE = "WORKTREE"
@@ -222,40 +224,6 @@ def client_env(write_bytecode: bool = False) -> dict[str, str]:
     return env
 
 
-class Server:
-    """The simulator in its own process, logging every request with ``time.monotonic()``."""
-
-    def __init__(self, python: Path, slots: int, latency: float, log: Path) -> None:
-        self.log = log
-        argv = [str(python), "-m", "pytest_modelbench.testing.simserver", "--slots", str(slots)]
-        argv += ["--latency", str(latency), "--latency-dist", "fixed", "--models", MODEL]
-        argv += ["--log", str(log)]
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout is not None
-        self.base_url = self.process.stdout.readline().strip()
-        if not self.base_url:
-            self.process.wait()
-            raise SystemExit(f"simserver exited with {self.process.returncode} before its URL")
-
-    def offset(self) -> int:
-        return self.log.stat().st_size if self.log.exists() else 0
-
-    def completions_since(self, offset: int) -> list[dict[str, float]]:
-        with self.log.open("rb") as handle:
-            handle.seek(offset)
-            lines = handle.read().split(b"\n")
-        records = [json.loads(line) for line in lines if line.strip()]
-        return [r for r in records if str(r["path"]).endswith("completions")]
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -279,7 +247,7 @@ class Bench:
 
     project: Path
     empty: Path
-    server: Server
+    server: Sim
     args: argparse.Namespace
 
     def run_round(self, side: Side, index: int) -> Round:
@@ -297,7 +265,7 @@ class Bench:
         argv += ["--run-dir", f"runs-{side.label}-{index}"]
         offset = self.server.offset()
         started, ended, cpu_s = timed(argv, self.project, env)
-        records = self.server.completions_since(offset)
+        records = self.server.since(offset)
         if len(records) < self.args.requests:
             raise SystemExit(f"{side.label}: {len(records)} requests, not {self.args.requests}")
         first = min(float(r["start"]) for r in records)
@@ -308,7 +276,7 @@ class Bench:
         load += ["--model", MODEL]
         offset = self.server.offset()
         timed(load, self.project, env)
-        bare = self.server.completions_since(offset)
+        bare = self.server.since(offset)
         client_span_s = max(float(r["end"]) for r in bare) - min(float(r["start"]) for r in bare)
         return Round(
             wall_s=ended - started,
@@ -417,7 +385,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sides = [resolve(entry, work, args.extras) for entry in entries]
         project, empty = prepare(work)
         load_before = os.getloadavg()[0]
-        server = Server(sides[0].python, args.slots, args.latency, work / "server.jsonl")
+        server = Sim(
+            slots=args.slots,
+            latency=args.latency,
+            model=MODEL,
+            log=work / "server.jsonl",
+            python=sides[0].python,
+        )
         bench = Bench(project, empty, server, args)
         results: dict[str, list[Round]] = {side.label: [] for side in sides}
         try:

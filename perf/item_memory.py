@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+from _harness import Sim  # perf/ scripts import each other from their own directory
 
 BENCHMARK = "def test_benchmark(mb_eval):\n    mb_eval.check_baseline()\n"
 CONFTEST = """\
@@ -164,29 +164,6 @@ def make_project(root: Path, url: str, dataset: Path) -> None:
     (root / "configs" / "envs" / "qa.yaml").write_text(yaml.safe_dump(env))
 
 
-def start_server(lookup: Path, slots: int) -> tuple[subprocess.Popen[str], str]:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest_modelbench.testing.simserver",
-        "--slots",
-        str(slots),
-        "--latency",
-        "0",
-        "--accuracy",
-        "0.7",
-        "--lookup",
-        str(lookup),
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert server.stdout is not None
-    url = server.stdout.readline().strip()
-    if not url.startswith("http"):
-        server.kill()
-        sys.exit(f"the simulated server did not start: {url!r}")
-    return server, url
-
-
 def run_item(root: Path, examples: int, interval: float) -> Outcome:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     command = [sys.executable, "-m", "pytest", "benchmarks/", "--model", "alpha", "-q", *LEAN]
@@ -237,16 +214,9 @@ def measure(tmp: Path, examples: int, slots: int, interval: float) -> Outcome:
     write_dataset(dataset, examples)
     lookup = root / "lookup.json"
     write_lookup(dataset, lookup)
-    server, url = start_server(lookup, slots)
-    try:
-        make_project(root, url, dataset)
+    with Sim(slots=slots, latency=0, accuracy=0.7, lookup=lookup) as server:
+        make_project(root, server.base_url, dataset)
         return run_item(root, examples, interval)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def _load() -> list[float]:

@@ -1,7 +1,7 @@
 """A real two-worker run with replicas: fake GPUs, a fake engine, one item ten times the other.
 
 ``pytest benchmarks/ --model m1 -n 2`` in a fresh project, with two fake GPUs
-(``MODELBENCH_FAKE_GPUS``) and a fake vLLM (``tests/serving/fakevllm.py``: the real launch
+(``MODELBENCH_FAKE_GPUS``) and a fake vLLM (``pytest_modelbench.testing.fakevllm``: the real launch
 path serving the simulated server) with fixed batch slots and latency per request. The
 variants ``big`` and ``small`` have 10:1 examples and cost hints that give each its own
 worker. Three runs, side by side: replicas off (``MODELBENCH_NO_REPLICAS=1``: the big item
@@ -32,18 +32,11 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.serving.fakevllm import BENCHMARK, FAKE_SERVER  # noqa: E402  # perf/ is not a package
+from pytest_modelbench.testing.fakevllm import BENCHMARK, write_fake_vllm
 
 
 def project(root: Path, big: int, hints: bool) -> None:
-    package = root / "fakevllm" / "vllm" / "entrypoints" / "openai"
-    package.mkdir(parents=True)
-    for folder in (package.parents[1], package.parents[0], package):
-        (folder / "__init__.py").write_text("")
-    (package / "api_server.py").write_text(FAKE_SERVER)
+    write_fake_vllm(root)
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "test_models.py").write_text(BENCHMARK)
     (root / "configs" / "envs").mkdir(parents=True)

@@ -31,8 +31,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from pytest_modelbench.reporting.html import render_report
 from pytest_modelbench.reporting.model import load_run
 from pytest_modelbench.reporting.view import make_server

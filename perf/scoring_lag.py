@@ -62,6 +62,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from _harness import Sim  # perf/ scripts import each other from their own directory
+
 MODEL = "sim-model"
 ACCURACY = 0.7
 SUITES = ("math500", "gsm8k")
@@ -140,6 +142,7 @@ async def measure_item(
     from pytest_modelbench.running.client import OpenAIClient, RetryPolicy
     from pytest_modelbench.running.progress import NullProgress
     from pytest_modelbench.running.runner import LoopSettings, run_loop, work_units
+    from pytest_modelbench.store.item_rows import ItemRows
     from pytest_modelbench.store.journal import Journal
     from pytest_modelbench.suites import load_suite
     from pytest_modelbench.suites.selection import select_examples
@@ -178,20 +181,20 @@ async def measure_item(
 
     with tempfile.TemporaryDirectory(prefix="mb-scoring-lag-") as tmp:
         journal = Journal(Path(tmp) / "results.jsonl")
-        journal.open()
+        sink = ItemRows.open(journal)
         try:
             async with OpenAIClient([base_url], retry=RetryPolicy(), timeout_s=120.0) as client:
                 watcher = asyncio.create_task(monitor())
                 await asyncio.sleep(0)  # the monitor is sleeping before the item starts
                 started = time.perf_counter()
                 stats = await run_loop(
-                    suite, work_units(examples, 1, set()), client, journal, settings, NullProgress()
+                    suite, work_units(examples, 1, set()), client, sink, settings, NullProgress()
                 )
                 wall_s = time.perf_counter() - started
                 running = False
                 await watcher
         finally:
-            journal.close()
+            sink.close()
         rows = list(journal.rows())
     scores = [row["score"] for row in rows if row.get("score") is not None]
     return {
@@ -244,46 +247,7 @@ def write_lookup(path: Path, n: int) -> dict[str, int]:
     return counts
 
 
-class Server:
-    """The simulator in its own process; ``base_url`` once it listens."""
-
-    def __init__(self, lookup: Path, slots: int, latency: float) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "pytest_modelbench.testing.simserver",
-            "--slots",
-            str(slots),
-            "--latency",
-            str(latency),
-            "--latency-dist",
-            "fixed",
-            "--accuracy",
-            str(ACCURACY),
-            "--lookup",
-            str(lookup),
-            "--models",
-            MODEL,
-        ]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        assert self.process.stdout is not None
-        self.base_url = self.process.stdout.readline().strip()
-        if not self.base_url:
-            self.process.wait()
-            raise SystemExit(f"simserver exited with {self.process.returncode} before its URL")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def measure_run(suite: str, mode: str, repetition: int, n: int, server: Server, slots: int) -> Run:
+def measure_run(suite: str, mode: str, repetition: int, n: int, server: Sim, slots: int) -> Run:
     """One child process: ``run_loop`` over ``n`` examples of ``suite`` in ``mode``."""
     command = [
         sys.executable,
@@ -457,7 +421,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts = write_lookup(lookup, args.examples)
         if len(set(counts.values())) != 1:
             print(f"  note: examples per suite differ: {counts}", file=sys.stderr)
-        server = Server(lookup, args.slots, args.latency)
+        server = Sim(
+            slots=args.slots,
+            latency=args.latency,
+            accuracy=ACCURACY,
+            lookup=lookup,
+            model=MODEL,
+            quiet=True,
+        )
         try:
             runs = [
                 measure_run(suite, mode, repetition, args.examples, server, args.slots)

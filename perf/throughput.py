@@ -55,6 +55,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from _harness import Sim  # perf/ scripts import each other from their own directory
+
 MODEL = "sim-model"
 ACCURACY = 0.8
 MAX_TOKENS = 256
@@ -183,56 +185,19 @@ def client_env() -> dict[str, str]:
     return env
 
 
-class Server:
+class Server(Sim):
     """The simulator in its own process (its CPU is not the clients'), logging every request."""
 
     def __init__(self, setup: Setup, lookup: Path, log: Path) -> None:
-        self.log = log
-        command = [
-            sys.executable,
-            "-m",
-            "pytest_modelbench.testing.simserver",
-            "--slots",
-            str(setup.slots),
-            "--latency",
-            str(setup.latency),
-            "--latency-dist",
-            "fixed",
-            "--accuracy",
-            str(ACCURACY),
-            "--lookup",
-            str(lookup),
-            "--models",
-            MODEL,
-            "--log",
-            str(log),
-        ]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout is not None
-        self.base_url = self.process.stdout.readline().strip()
-        if not self.base_url:
-            self.process.wait()
-            raise SystemExit(f"simserver exited with {self.process.returncode} before its URL")
+        super().__init__(
+            slots=setup.slots,
+            latency=setup.latency,
+            accuracy=ACCURACY,
+            lookup=lookup,
+            model=MODEL,
+            log=log,
+        )
         self.keys = set(json.loads(lookup.read_text(encoding="utf-8")))
-
-    def offset(self) -> int:
-        return self.log.stat().st_size if self.log.exists() else 0
-
-    def records_since(self, offset: int) -> list[dict[str, Any]]:
-        """Completion requests logged after byte ``offset`` (the /models pre-flight excluded)."""
-        with self.log.open("rb") as handle:
-            handle.seek(offset)
-            lines = handle.read().split(b"\n")
-        records = [json.loads(line) for line in lines if line.strip()]
-        return [r for r in records if str(r["path"]).endswith("completions")]
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 @dataclass(frozen=True)
@@ -571,7 +536,7 @@ def measure_run(
     offset = server.offset()
     proc = run_measured(argv, cwd, log, timeout_s)
     time.sleep(0.05)  # the server writes a request's record after answering it
-    records = server.records_since(offset)
+    records = server.since(offset)
     first = min((float(r["start"]) for r in records), default=float("nan"))
     last = max((float(r["end"]) for r in records), default=float("nan"))
     return Run(

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _harness import Sim  # perf/ scripts import each other from their own directory
 
 MODEL = "sim-model"
 TASKSET = """
@@ -93,25 +94,6 @@ def timed(command: Sequence[str], cwd: Path, env: dict[str, str]) -> tuple[float
     return wall, used, done.stdout[-2000:]
 
 
-class Server:
-    def __init__(self, lookup: Path) -> None:
-        command = [
-            sys.executable, "-m", "pytest_modelbench.testing.simserver", "--slots", "256",
-            "--latency", "0", "--accuracy", "1.0", "--lookup", str(lookup), "--models", MODEL,
-        ]  # fmt: skip
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        assert self.process.stdout is not None
-        self.base_url = self.process.stdout.readline().strip()
-        if not self.base_url:
-            raise SystemExit("simserver did not start")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python perf/verifiers_v1_cost.py", description=__doc__)
     parser.add_argument("--tasks", type=int, default=16)
@@ -135,7 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i in range(args.tasks)
         }
         (root / "lookup.json").write_text(json.dumps(lookup))
-        server = Server(root / "lookup.json")
+        server = Sim(
+            slots=256,
+            latency=0,
+            accuracy=1.0,
+            lookup=root / "lookup.json",
+            model=MODEL,
+            quiet=True,
+        )
         project = root / "project"
         (project / "configs" / "envs").mkdir(parents=True)
         (project / "benchmarks").mkdir()

@@ -15,7 +15,6 @@ RUN is a run directory, a run id under ``--run-dir`` (default ``runs``), or
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -23,14 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.reporting.model import RunNotFound, list_runs, load_run, resolve_run
+from pytest_modelbench.reporting.model import load_run
 from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import masked_url
-from pytest_modelbench.store.files import read_json
-from pytest_modelbench.store.runstore import MANIFEST
+from pytest_modelbench.store.records import ItemStatus
+from pytest_modelbench.store.runlog import RunNotFound, list_runs, read_run, resolve_run
 
 USAGE_ERROR = 2
-STALE_AFTER_S = 600  # a "running" item not updated for this long belongs to a dead session
 
 
 class CliError(Exception):
@@ -244,30 +242,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_time(text: Any) -> dt.datetime | None:
-    try:
-        return dt.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%S%z")
-    except ValueError:
-        return None
-
-
-def run_status(manifest: dict[str, Any], failed: int, now: dt.datetime | None = None) -> str:
-    """finished | failed (gate failures) | error | running | interrupted | empty."""
-    items = list((manifest.get("items") or {}).values())
-    if not items:
-        return "empty"
-    statuses = [str(i.get("status")) for i in items]
-    if "running" in statuses:
-        updated = _parse_time(manifest.get("updated_at"))
-        now = now or dt.datetime.now(dt.timezone.utc)
-        if updated is not None and (now - updated).total_seconds() < STALE_AFTER_S:
-            return "running"
-        return "interrupted"
-    if "error" in statuses:
-        return "error"
-    return "failed" if failed else "finished"
-
-
 def cmd_runs(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         raise CliError(
@@ -275,25 +249,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
         )
     rows = []
     for path in list_runs(args.run_dir):
-        manifest = read_json(path / MANIFEST) or {}
-        board = read_json(path / "leaderboard.json") or {}
-        failed = sum(
-            1
-            for item in board.get("items") or []
-            if str(item.get("verdict", "")).startswith("fail")
-        )
-        items = list((manifest.get("items") or {}).values())
+        run = read_run(path)
+        manifest = run.manifest
         rows.append(
             {
                 "run_id": path.name,
                 "run_name": manifest.get("run_name", ""),
                 "created_at": manifest.get("created_at", ""),
                 "updated_at": manifest.get("updated_at", ""),
-                "items": len(items),
-                "finished": sum(1 for i in items if i.get("status") == "finished"),
-                "errors": sum(1 for i in items if i.get("status") == "error"),
-                "gate_failures": failed,
-                "status": run_status(manifest, failed),
+                "items": len(run.items),
+                "finished": run.count(ItemStatus.FINISHED),
+                "errors": run.count(ItemStatus.ERROR),
+                "gate_failures": run.gate_failures(),
+                "status": run.status().value,
                 "path": str(path),
             }
         )

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 @pytest.hookspec(firstresult=True)
 def pytest_modelbench_make_backend(config: pytest.Config, module: str) -> Backend | None:
-    """Return the backend that evaluates variants whose ``module`` is ``module``, or None."""
+    """Return the backend that evaluates variants whose ``module`` is ``module``, or None.
+    A backend written against :mod:`pytest_modelbench.api` keeps working across releases
+    (docs/api.md works one through)."""
 
 
 def pytest_modelbench_item_finished(

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Generator, Iterator, Sequence
 from importlib.machinery import ModuleSpec, PathFinder
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -66,7 +66,9 @@ from pytest_modelbench.config.options import (  # noqa: E402
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError  # noqa: E402
 from pytest_modelbench.workers import is_worker  # noqa: E402
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
+    from pytest_modelbench.backends.protocol import Backend
+    from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.session.core import ModelbenchSession
     from pytest_modelbench.store.result import EvalResult
 
@@ -158,7 +160,7 @@ def start_session(config: pytest.Config) -> ModelbenchSession:
                 report_options.tracker_project,
                 lambda: session.run_dir.name,
                 session.tracker_config,
-                lambda: {r.item_id: r.verdict_text for r in session.records},
+                lambda: session.records,
             )
     scheduling.register(config, options.dist, lambda: session.active, session.plan_costs)
     register_resume(config)  # crash-proof --lf, item duration memory, --restart check
@@ -222,7 +224,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_modelbench_make_backend(module: str) -> Any:
+def pytest_modelbench_make_backend(module: str) -> Backend | None:
     # lazily: loaded only when the hook runs (pytest start-up)
     from pytest_modelbench.backends.registry import resolve_builtin
 
@@ -230,9 +232,9 @@ def pytest_modelbench_make_backend(module: str) -> Any:
 
 
 @pytest.fixture
-def mb_item(request: pytest.FixtureRequest) -> Any:
+def mb_item(request: pytest.FixtureRequest) -> PlannedItem:
     """The planned item (model, variant, seed) of this test; parametrized by modelbench."""
-    param = getattr(request, "param", None)
+    param: PlannedItem | None = getattr(request, "param", None)
     if param is None:
         flag = flag_name(request.config, "model")  # --mb-model where --model is not ours
         pytest.fail(
@@ -242,7 +244,7 @@ def mb_item(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def mb_eval(request: pytest.FixtureRequest, mb_item: Any) -> Iterator[EvalResult]:
+def mb_eval(request: pytest.FixtureRequest, mb_item: PlannedItem) -> Iterator[EvalResult]:
     """The finished evaluation of this item (computed now, or read from the run store)."""
     # lazily: only tests of benchmark items get here (pytest start-up)
     from pytest_modelbench.secrets import redact

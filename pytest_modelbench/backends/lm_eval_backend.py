@@ -29,13 +29,12 @@ from typing import Any
 from pytest_modelbench.backends.lm_eval_progress import LmEvalProgress
 from pytest_modelbench.backends.lm_eval_tasks import TaskSpec, task_manager, task_spec
 from pytest_modelbench.backends.logs import quiet_logger
-from pytest_modelbench.backends.protocol import ItemContext
+from pytest_modelbench.backends.protocol import ItemContext, Outcome
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.config.schema import split_request_args
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError, did_you_mean
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.endpoint import relay_timeout_s
-from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
 SUPPORTED = ">=0.4.12,<0.5"  # task index and YAML loader of 0.4.12; no torch needed
@@ -189,7 +188,7 @@ class LmEvalBackend:
         lm = lm_eval.api.registry.get_model(kind).create_from_arg_obj(model_args, {"batch_size": 1})
         return lm, api
 
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+    def evaluate(self, ctx: ItemContext) -> Outcome:
         refuse_solutions(ctx.item)
         model = ctx.item.model
         with ctx.endpoint.single_url(
@@ -198,7 +197,7 @@ class LmEvalBackend:
         ) as url:
             return self._evaluate(ctx, url)
 
-    def _evaluate(self, ctx: ItemContext, base_url: str) -> dict[str, Any]:
+    def _evaluate(self, ctx: ItemContext, base_url: str) -> Outcome:
         item = ctx.item
         args = _check_args(item)
         spec = self.spec(item)
@@ -259,28 +258,22 @@ class LmEvalBackend:
 
     def _record(
         self, ctx: ItemContext, spec: TaskSpec, results: Mapping[str, Any], cached: int, wall: float
-    ) -> dict[str, Any]:
+    ) -> Outcome:
         item = ctx.item
         primary = self.primary_metric(item)
-        journal = ctx.store.journal
-        rows = list(_rows(results, spec.name, primary))
-        journal.open()
-        try:
-            for row in rows:
-                journal.append(row)
-        finally:
-            journal.close()
+        keys: set[tuple[str, int]] = set()
+        for row in _rows(results, spec.name, primary):
+            ctx.rows.append(row)
+            keys.add((str(row["example_id"]), int(row["rollout"])))
         names = [key for key in results.get("results", {}).get(spec.name, {}) if "," in key]
-        summary = summarise_rows(rows, [], len(rows))
-        summary["metrics"] = _metrics(results, spec.name, len(rows))
-        if primary not in summary["metrics"]:
+        metrics = _metrics(results, spec.name, len(keys))
+        if primary not in metrics:
             raise ModelbenchUsageError(
                 f"{Path(item.variant.source).name}: variant {item.variant.id!r}: "
                 f"metric {primary!r} is not in lm-eval's results for {spec.name}; "
                 f"it reports: {', '.join(names)}"
             )
-        summary["resumed_examples"] = 0
-        summary["lm_eval"] = {
+        lm_eval_fields = {
             "task": spec.name,
             "lm_eval_version": results.get("lm_eval_version")
             or importlib.metadata.version("lm-eval"),
@@ -293,7 +286,12 @@ class LmEvalBackend:
             "cache": str(_cache_prefix(ctx).parent),
             "wall_s": round(wall, 3),
         }
-        return summary
+        return Outcome(
+            expected=len(keys),
+            selected=keys.__contains__,  # this run's rows: lm-eval decides what it evaluates
+            metrics=metrics,  # lm-eval's own, with its stderr
+            fields={"lm_eval": lm_eval_fields},
+        )
 
 
 def _cache_prefix(ctx: ItemContext) -> Path:
@@ -301,8 +299,8 @@ def _cache_prefix(ctx: ItemContext) -> Path:
     (another model checkpoint, other settings) are removed, never reused."""
     import shutil
 
-    fingerprint = str((ctx.store.read_metadata() or {}).get("fingerprint") or "current")
-    root = ctx.store.directory / "lm_eval_cache"
+    fingerprint = ctx.fingerprint or "current"
+    root = ctx.directory / "lm_eval_cache"
     if root.is_dir():
         for old in root.iterdir():
             if old.name != fingerprint:

@@ -26,12 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.protocol import ItemContext
+from pytest_modelbench.backends.protocol import ItemContext, Outcome
 from pytest_modelbench.backends.suite_backend import SuiteBackend
 from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.running.summary import summarise_rows
-from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import (
     Example,
@@ -260,18 +258,17 @@ class SolutionsBackend:
             row["detail"] = dict(result.detail)
         return row
 
-    def _append(self, journal: Journal, ctx: ItemContext, row: Mapping[str, Any]) -> None:
+    def _append(self, ctx: ItemContext, row: Mapping[str, Any]) -> None:
         with self._lock:
-            journal.append(row)
+            ctx.rows.append(row)
             ctx.progress.advance(error=row.get("error") is not None)
 
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+    def evaluate(self, ctx: ItemContext) -> Outcome:
         item = ctx.item
         examples = self.suites.examples(item)
         rollouts = item.variant.rollouts_per_example
         files = solution_files(item)
-        journal = ctx.store.journal
-        done = journal.finished_keys()
+        done = ctx.rows.done_keys()
         wanted = {(ex.id, r): ex for ex in examples for r in range(rollouts)}
         todo = {key: ex for key, ex in wanted.items() if key not in done}
         workers = max(1, min(item.model.max_concurrent, (os.cpu_count() or 1) * 4))
@@ -287,9 +284,8 @@ class SolutionsBackend:
         if todo:
             preflight(self.suite, item.item_id)  # e.g. code suites without OS isolation
         started = time.perf_counter()
-        journal.open()
         try:
-            self._score_all(ctx, journal, solutions, todo, workers, timeout_s)
+            self._score_all(ctx, solutions, todo, workers, timeout_s)
             for key, example in todo.items():
                 if key not in solutions.by_key:
                     row = self._row(example, key[1])
@@ -301,16 +297,14 @@ class SolutionsBackend:
                         error=f"no solution for example {key[0]!r} rollout {key[1]} in "
                         f"{', '.join(solution_globs(item))}",
                     )
-                    self._append(journal, ctx, row)
+                    self._append(ctx, row)
         finally:
-            journal.close()
             ctx.progress.finish()
-        return self._summary(item, journal, wanted, done, solutions, time.perf_counter() - started)
+        return self._outcome(ctx, wanted, done, solutions, time.perf_counter() - started)
 
     def _score_all(
         self,
         ctx: ItemContext,
-        journal: Journal,
         solutions: SolutionSet,
         todo: Mapping[tuple[str, int], Example],
         workers: int,
@@ -343,31 +337,30 @@ class SolutionsBackend:
                     )
                 else:
                     row = self._score(example, solution.rollout, solution)
-                self._append(journal, ctx, row)
+                self._append(ctx, row)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for future in [pool.submit(run, path, chunk) for path, chunk in chunks()]:
                 future.result()
 
-    def _summary(
+    def _outcome(
         self,
-        item: PlannedItem,
-        journal: Journal,
+        ctx: ItemContext,
         wanted: Mapping[tuple[str, int], Example],
-        done: set[tuple[str, int]],
+        done: frozenset[tuple[str, int]],
         solutions: SolutionSet,
         wall_s: float,
-    ) -> dict[str, Any]:
-        rows = [row for key, row in journal.read().items() if key in wanted]
-        summary = summarise_rows(rows, self.suite.metrics, len(wanted))
-        summary.update(summary_fields(self.suite))
+    ) -> Outcome:
+        item = ctx.item
         by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
-        for row in rows:
+        for row in ctx.rows.rows(wanted.__contains__):
             if not row.get("error"):
                 by_example[str(row["example_id"])].append(row.get("metrics") or {})
-        for name, value in aggregate_extra(self.suite, by_example).items():
-            summary["metrics"].setdefault(name, {"value": value, "n": len(by_example)})
-        summary["resumed_examples"] = len(done & set(wanted))
+        extra_metrics = {
+            name: {"value": value, "n": len(by_example)}
+            for name, value in aggregate_extra(self.suite, by_example).items()
+        }
+        summary = summary_fields(self.suite)
         summary["solutions"] = {
             "files": [str(p) for p in solutions.files],
             "lines": solutions.lines,
@@ -388,7 +381,14 @@ class SolutionsBackend:
                 ),
                 stacklevel=2,
             )
-        return summary
+        return Outcome(
+            expected=len(wanted),
+            selected=wanted.__contains__,
+            metric_names=self.suite.metrics,
+            resumed=len(done & set(wanted)),
+            fields=summary,
+            extra_metrics=extra_metrics,
+        )
 
 
 class SolutionsOrSuite:
@@ -423,7 +423,7 @@ class SolutionsOrSuite:
     def examples(self, item: PlannedItem) -> Sequence[Example]:
         return self.suites.examples(item)
 
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+    def evaluate(self, ctx: ItemContext) -> Outcome:
         if ctx.item.model.solutions:
             return self.solutions.evaluate(ctx)
         return self.suites.evaluate(ctx)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_modelbench.backends.protocol import Outcome
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
-from pytest_modelbench.running.summary import summarise_rows
-from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.item_rows import RowSink
+from pytest_modelbench.store.journal import Row
 from pytest_modelbench.store.records import RULE_USED, STOPPED
 from pytest_modelbench.suites.contract import (
     Example,
@@ -36,11 +37,11 @@ def _then(units: Units, done: Callable[[], None]) -> Units:
     done()
 
 
-async def _parse_ahead(journal: Journal) -> None:
+async def _parse_ahead(rows: RowSink) -> None:
     """Parse the journal's held lines for the summary, a chunk per turn of the event loop."""
     import asyncio  # lazily, as in evaluate: loaded only when an item runs
 
-    while journal.parse_ahead(PARSE_CHUNK):
+    while rows.parse_ahead(PARSE_CHUNK):
         await asyncio.sleep(0)
 
 
@@ -90,7 +91,7 @@ class SuiteBackend:
     def tokens_per_example(self) -> int:
         return int(self.suite.tokens_per_example)
 
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+    def evaluate(self, ctx: ItemContext) -> Outcome:
         import asyncio
 
         # lazily: the HTTP client loads only when an item runs (pytest start-up)
@@ -106,18 +107,20 @@ class SuiteBackend:
         item = ctx.item
         examples = self.examples(item)
         rollouts = item.variant.rollouts_per_example
-        journal = ctx.store.journal
         ids = {example.id for example in examples}
 
         def wanted(key: tuple[str, int]) -> bool:
             return key[0] in ids and 0 <= key[1] < rollouts
 
-        done = journal.finished_keys()
+        done = ctx.rows.done_keys()
         total = len(examples) * rollouts
         stopper = None
+        sink: RowSink = ctx.rows
         if ctx.stop_rule is not None:  # a random sample's order, read as results complete
             examples = sample_order(examples)
-            stopper = self._stopper(ctx, examples, journal, wanted)
+            stopper = self._stopper(ctx, examples, wanted)
+            if stopper is not None:
+                sink = _StoppingSink(ctx.rows, stopper)
         ctx.progress.start(item.item_id, total, len(done))
 
         async def main() -> Any:
@@ -142,17 +145,18 @@ class SuiteBackend:
 
                 def all_taken() -> None:
                     # only the last replies are awaited now: the summary's rows are parsed meanwhile
-                    tasks.append(asyncio.create_task(_parse_ahead(journal)))
+                    tasks.append(asyncio.create_task(_parse_ahead(ctx.rows)))
 
                 try:
                     return await run_loop(
                         self.suite,
                         _then(work_units(examples, rollouts, done), all_taken),
                         client,
-                        journal,
+                        sink,
                         settings,
                         ctx.progress,
-                        on_row=None if stopper is None else stopper.add_and_check,
+                        may_stop=stopper is not None,
+                        order=stopper,
                     )
                 finally:
                     for task in tasks:
@@ -160,56 +164,49 @@ class SuiteBackend:
 
         if total > len(done):
             preflight(self.suite, item.item_id)  # e.g. code suites without OS isolation
-        journal.open()
         if total > len(done) and examples and in_process_pool(self.suite):
             warm_up(self.suite, examples[0])  # the scorer's workers, while the server answers
         todo = total > len(done) and (stopper is None or stopper.decision is None)
         try:
             loop_stats = asyncio.run(main()) if todo else None
         except EndpointGone as exc:
-            kept = sum(1 for row in journal.latest(wanted) if not row.get("error"))
+            kept = sum(1 for row in ctx.rows.rows(wanted) if not row.get("error"))
             raise EvaluationError(
                 f"{item.item_id}: {exc}; stopped the item. {kept} of {total} examples are kept; "
                 "re-running the same command continues with the rest"
             ) from None
         finally:
-            journal.close()
             ctx.progress.finish()
         if stopper is not None and stopper.decision is not None:
-            return self._stopped_summary(stopper, journal, wanted, done, loop_stats, rollouts)
-        summary = self._summary(journal, wanted, total, loop_stats)
+            return self._stopped_outcome(ctx.rows, stopper, wanted, done, loop_stats, rollouts)
+        fields: dict[str, Any] = {}
         if stopper is not None and not stopper.disabled:  # read while it ran: alpha was spent
-            summary[RULE_USED] = stopper.rule.key
-        summary["resumed_examples"] = sum(1 for key in done if wanted(key))
-        return summary
+            fields[RULE_USED] = stopper.rule.key
+        return self._outcome(ctx.rows, wanted, total, done, loop_stats, fields)
 
-    def _stopped_summary(
+    def _stopped_outcome(
         self,
+        rows: RowSink,
         stopper: EarlyStopper,
-        journal: Journal,
         selected: Callable[[tuple[str, int]], bool],
-        done: set[tuple[str, int]],
+        done: frozenset[tuple[str, int]],
         loop_stats: Any,
         rollouts: int,
-    ) -> dict[str, Any]:
-        """The summary of an item stopped once certain: the prefix the decision read, and the
+    ) -> Outcome:
+        """The outcome of an item stopped once certain: the prefix the decision read, and the
         decision's record (:data:`STOPPED`)."""
         used = stopper.used_ids()
 
         def wanted(key: tuple[str, int]) -> bool:
             return key[0] in used and selected(key)
 
-        summary = self._summary(journal, wanted, len(used) * rollouts, loop_stats)
-        summary[STOPPED] = stopper.record(len(stopper.order))
-        summary[RULE_USED] = stopper.rule.key
-        summary["resumed_examples"] = sum(1 for key in done if wanted(key))
-        return summary
+        fields = {STOPPED: stopper.record(len(stopper.order)), RULE_USED: stopper.rule.key}
+        return self._outcome(rows, wanted, len(used) * rollouts, done, loop_stats, fields)
 
     def _stopper(
         self,
         ctx: ItemContext,
         examples: Sequence[Example],
-        journal: Journal,
         wanted: Callable[[tuple[str, int]], bool],
     ) -> EarlyStopper | None:
         """``--mb-stop-early``: reads the item's results in the sample's order ``examples``
@@ -223,38 +220,73 @@ class SuiteBackend:
         order = [example.id for example in examples]
         metric = rule.metric or self.primary_metric(ctx.item)
         stopper = EarlyStopper(rule, order, ctx.item.variant.rollouts_per_example, metric)
-        for row in journal.latest(wanted):  # a resume reaches the same decision
+        for row in ctx.rows.rows(wanted):  # a resume reaches the same decision
             if row.get("error") is None and stopper.add(row) is not None:
                 break
         return stopper
 
-    def _summary(
+    def _outcome(
         self,
-        journal: Journal,
+        rows: RowSink,
         wanted: Callable[[tuple[str, int]], bool],
         total: int,
+        done: frozenset[tuple[str, int]],
         loop_stats: Any,
-    ) -> dict[str, Any]:
-        """Summary fields from the journal's selected rows (and this session's loop counters)."""
-        # the journal is streamed (twice when the suite aggregates): a 100k-example item
-        # never holds its rows in memory
-        summary = summarise_rows(journal.latest(wanted), self.suite.metrics, total)
-        summary.update(summary_fields(self.suite))
+        fields: dict[str, Any],
+    ) -> Outcome:
+        """The selected rows, the suite's own fields and metrics (and this session's loop
+        counters) for the evaluator's summary."""
+        fields = {**summary_fields(self.suite), **fields}
+        extra_metrics: dict[str, Any] = {}
         if getattr(self.suite, "aggregate", None) is not None:
+            # the journal is streamed: a 100k-example item never holds its rows in memory
             by_example: dict[str, list[dict[str, float]]] = defaultdict(list)
-            for row in journal.latest(wanted):
+            for row in rows.rows(wanted):
                 if not row.get("error"):
                     by_example[str(row["example_id"])].append(row.get("metrics") or {})
             for name, value in aggregate_extra(self.suite, by_example).items():
-                summary["metrics"].setdefault(name, {"value": value, "n": len(by_example)})
+                extra_metrics[name] = {"value": value, "n": len(by_example)}
         if loop_stats is not None:
-            summary["session"] = {
+            fields["session"] = {
                 "requested": loop_stats.requested,
                 "retries": loop_stats.retries,
                 "retry_reasons": loop_stats.retry_reasons,
                 "wall_s": round(loop_stats.wall_s, 3),
             }
-        return summary
+        return Outcome(
+            expected=total,
+            selected=wanted,
+            metric_names=self.suite.metrics,
+            resumed=sum(1 for key in done if wanted(key)),
+            fields=fields,
+            extra_metrics=extra_metrics,
+        )
+
+
+class _StoppingSink:
+    """The item's rows, each also read by ``--mb-stop-early``'s stopper: ``stopped()`` once
+    the item's verdict is certain."""
+
+    def __init__(self, rows: RowSink, stopper: EarlyStopper) -> None:
+        self._rows = rows
+        self._stopper = stopper
+        self._stopped = False
+
+    def done_keys(self) -> frozenset[tuple[str, int]]:
+        return self._rows.done_keys()
+
+    def rows(self, keep: Callable[[tuple[str, int]], bool] | None = None) -> Iterator[Row]:
+        return self._rows.rows(keep)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        self._rows.append(row)
+        self._stopped = self._stopper.add_and_check(row) or self._stopped
+
+    def stopped(self) -> bool:
+        return self._stopped or self._rows.stopped()
+
+    def parse_ahead(self, count: int) -> bool:
+        return self._rows.parse_ahead(count)
 
 
 __all__ = ["SuiteBackend"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_modelbench.backends.protocol import ItemContext
+from pytest_modelbench.backends.protocol import ItemContext, Outcome
 from pytest_modelbench.backends.verifiers_common import line_of, require_extra
 from pytest_modelbench.planning.item import PlannedItem
 
@@ -58,9 +58,9 @@ class VerifiersBackend:
     def tokens_per_example(self) -> int:
         return 800
 
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
-        summary: dict[str, Any] = self.implementation(ctx.item).evaluate(ctx)
-        return summary
+    def evaluate(self, ctx: ItemContext) -> Outcome:
+        outcome: Outcome = self.implementation(ctx.item).evaluate(ctx)
+        return outcome
 
 
 __all__ = ["VerifiersBackend", "require_extra"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.backends.logs import quiet_logger
-from pytest_modelbench.backends.protocol import ItemContext
+from pytest_modelbench.backends.protocol import ItemContext, Outcome
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.backends.verifiers_common import (
     CLASSIC_INSTALL,
@@ -39,7 +39,7 @@ from pytest_modelbench.backends.verifiers_common import (
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.endpoint import relay_timeout_s
-from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
 # Chat-completions parameters the OpenAI SDK accepts as keywords; others go in extra_body.
@@ -264,39 +264,41 @@ class ClassicEnvironment:
         return 800
 
     # -- run -----------------------------------------------------------------------------
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+    def evaluate(self, ctx: ItemContext) -> Outcome:
         item = ctx.item
         refuse_solutions(item)
         env = self.environment(item)
         rollouts = item.variant.rollouts_per_example
         inputs = self.inputs(item)
-        journal = ctx.store.journal
-        done = journal.finished_keys()
+        done = ctx.rows.done_keys()
         wanted = {(str(i["example_id"]), r) for i in inputs for r in range(rollouts)}
         complete = {ex for ex, _ in wanted if all((ex, r) in done for r in range(rollouts))}
         todo = [i for i in inputs if str(i["example_id"]) not in complete]
         ctx.progress.start(item.item_id, len(wanted), len(wanted) - len(todo))
         started = time.perf_counter()
-        journal.open()
         try:
             if todo:
-                asyncio.run(self._generate(ctx, env, todo, journal))
+                asyncio.run(self._generate(ctx, env, todo, ctx.rows))
         finally:
-            journal.close()
             ctx.progress.finish()
-        rows = list(journal.latest(wanted.__contains__))
-        summary = summarise_rows(rows, self.metric_names(item), len(wanted))
-        summary["resumed_examples"] = len(done & wanted)
-        summary["verifiers"] = {
-            "env_id": self.env_id,
-            "version": version(),
-            "wall_s": round(time.perf_counter() - started, 3),
-            **pass_at_k(rows, rollouts),
-        }
-        return summary
+        rows = list(ctx.rows.rows(wanted.__contains__))
+        return Outcome(
+            expected=len(wanted),
+            selected=wanted.__contains__,
+            metric_names=self.metric_names(item),
+            resumed=len(done & wanted),
+            fields={
+                "verifiers": {
+                    "env_id": self.env_id,
+                    "version": version(),
+                    "wall_s": round(time.perf_counter() - started, 3),
+                    **pass_at_k(rows, rollouts),
+                }
+            },
+        )
 
     async def _generate(
-        self, ctx: ItemContext, env: Any, todo: list[dict[str, Any]], journal: Any
+        self, ctx: ItemContext, env: Any, todo: list[dict[str, Any]], sink: RowSink
     ) -> None:
         """Generate through the worker's router: the model's whole URL set, our retries and
         breaker, the API key added there (the environment's client never holds it)."""
@@ -305,10 +307,10 @@ class ClassicEnvironment:
             timeout_s=model.timeout,
             max_retries=model.max_retries,
         ) as base_url:
-            await self._generate_at(base_url, ctx, env, todo, journal)
+            await self._generate_at(base_url, ctx, env, todo, sink)
 
     async def _generate_at(
-        self, base_url: str, ctx: ItemContext, env: Any, todo: list[dict[str, Any]], journal: Any
+        self, base_url: str, ctx: ItemContext, env: Any, todo: list[dict[str, Any]], sink: RowSink
     ) -> None:
         vf = _vf()
         from openai import AsyncOpenAI
@@ -332,7 +334,7 @@ class ClassicEnvironment:
             metadata: Any,  # noqa: ARG001
         ) -> None:
             for row in output_rows(new_outputs):
-                journal.append(row)
+                sink.append(row)
                 tokens = row["tokens"]
                 ctx.progress.advance(
                     error=row["error"] is not None,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.backends.logs import quiet_logger
-from pytest_modelbench.backends.protocol import ItemContext
+from pytest_modelbench.backends.protocol import ItemContext, Outcome
 from pytest_modelbench.backends.solutions import refuse_solutions
 from pytest_modelbench.backends.verifiers_common import (
     INSTALL,
@@ -42,7 +42,7 @@ from pytest_modelbench.backends.verifiers_common import (
 )
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.running.summary import summarise_rows
+from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 
 DEFAULT_HARNESS = "null"
@@ -289,7 +289,7 @@ class V1Taskset:
         return 800
 
     # -- run -----------------------------------------------------------------------------
-    def evaluate(self, ctx: ItemContext) -> dict[str, Any]:
+    def evaluate(self, ctx: ItemContext) -> Outcome:
         item = ctx.item
         refuse_solutions(item)
         uv = find_uv()
@@ -302,12 +302,11 @@ class V1Taskset:
         rollouts = item.variant.rollouts_per_example
         tasks = self.tasks(item)
         ids = [example_id(t) for t in tasks]
-        journal = ctx.store.journal
         wanted = {(ex, r) for ex in ids for r in range(rollouts)}
         hashes = {ex: str(t.hash) for t, ex in zip(tasks, ids, strict=True)}
         done = {
             (str(row["example_id"]), int(row["rollout"]))
-            for row in journal.latest(wanted.__contains__)
+            for row in ctx.rows.rows(wanted.__contains__)
             if not row.get("error")
             and (row.get("detail") or {}).get("task_hash") == hashes[str(row["example_id"])]
         }  # a task whose data changed under the same key is run again
@@ -326,7 +325,6 @@ class V1Taskset:
         ]
         ctx.progress.start(item.item_id, len(wanted), len(wanted) - len(todo))
         started = time.perf_counter()
-        journal.open()
         try:
             if todo:
                 if ctx.endpoint.api != "chat":
@@ -336,33 +334,38 @@ class V1Taskset:
                         "only: set api: chat (the default) for this model"
                     )
                 with uv_on_path(uv):
-                    asyncio.run(self._run(ctx, todo, journal))
+                    asyncio.run(self._run(ctx, todo, ctx.rows))
         finally:
-            journal.close()
             ctx.progress.finish()
         rows = [
             row
-            for row in journal.latest(wanted.__contains__)
+            for row in ctx.rows.rows(wanted.__contains__)
             if (row.get("detail") or {}).get("task_hash") == hashes[str(row["example_id"])]
         ]
-        summary = summarise_rows(rows, self.metric_names(item), len(wanted))
-        summary["resumed_examples"] = len(done & wanted)
+        current = {(str(row["example_id"]), int(row["rollout"])) for row in rows}
         stops: dict[str, int] = {}
         for row in rows:
             stop = str((row.get("detail") or {}).get("stop_condition"))
             stops[stop] = stops.get(stop, 0) + 1
-        summary["verifiers"] = {
-            "env_id": self.env_id,
-            "line": "v1",
-            "version": version(),
-            "stop_conditions": stops,
-            "wall_s": round(time.perf_counter() - started, 3),
-            **pass_at_k(rows, rollouts),
-        }
-        return summary
+        return Outcome(
+            expected=len(wanted),
+            selected=current.__contains__,  # rows of the tasks as they are now
+            metric_names=self.metric_names(item),
+            resumed=len(done & wanted),
+            fields={
+                "verifiers": {
+                    "env_id": self.env_id,
+                    "line": "v1",
+                    "version": version(),
+                    "stop_conditions": stops,
+                    "wall_s": round(time.perf_counter() - started, 3),
+                    **pass_at_k(rows, rollouts),
+                }
+            },
+        )
 
     async def _run(
-        self, ctx: ItemContext, todo: Sequence[tuple[Any, str, int]], journal: Any
+        self, ctx: ItemContext, todo: Sequence[tuple[Any, str, int]], sink: RowSink
     ) -> None:
         """Roll out through the worker's router: the model's whole URL set, our retries and
         breaker, streamed answers passed through, the API key added there."""
@@ -371,10 +374,10 @@ class V1Taskset:
             timeout_s=model.timeout,
             max_retries=model.max_retries,
         ) as base_url:
-            await self._run_at(base_url, ctx, todo, journal)
+            await self._run_at(base_url, ctx, todo, sink)
 
     async def _run_at(
-        self, base_url: str, ctx: ItemContext, todo: Sequence[tuple[Any, str, int]], journal: Any
+        self, base_url: str, ctx: ItemContext, todo: Sequence[tuple[Any, str, int]], sink: RowSink
     ) -> None:
         vf, item, endpoint = _vf(), ctx.item, ctx.endpoint
         model = vf.ModelContext(
@@ -398,7 +401,7 @@ class V1Taskset:
                     break
                 await asyncio.sleep(endpoint.backoff_s * attempts)
             row = episode_row(episode, example, rollout, attempts)
-            journal.append(row)
+            sink.append(row)
             ctx.progress.advance(
                 error=row["error"] is not None,
                 prompt_tokens=row["tokens"]["prompt"],

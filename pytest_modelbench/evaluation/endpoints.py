@@ -19,8 +19,9 @@ from pytest_modelbench.running.endpoint import Endpoint, close_router
 from pytest_modelbench.running.urls import UrlSet
 from pytest_modelbench.secrets import remember
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from pytest_modelbench.planning.item import PlannedItem
+    from pytest_modelbench.serving.pool import ServerPool
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ def _api_key(var: str | None, model_name: str) -> str | None:
 class EndpointManager:
     """Gives each item its endpoint; owns the servers this worker started."""
 
-    def __init__(self, *, preflight_timeout_s: float = 15.0, serving: Any = None) -> None:
+    def __init__(
+        self, *, preflight_timeout_s: float = 15.0, serving: ServerPool | None = None
+    ) -> None:
         self._checked: dict[tuple[tuple[str, ...], str], str | None] = {}  # pre-flight outcomes
         self._identities: dict[
             tuple[tuple[str, ...], str], dict[str, Any] | IdentityUnknown | _NotServed

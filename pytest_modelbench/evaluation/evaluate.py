@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from pytest_modelbench.backends.protocol import Backend, ItemContext
+from pytest_modelbench.backends.protocol import Backend, ItemContext, Outcome
 from pytest_modelbench.config.options import RunOptions
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.evaluation.endpoints import EndpointManager, IdentityUnknown
@@ -33,10 +33,13 @@ from pytest_modelbench.planning.fingerprint import (
 )
 from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.running.progress import NullProgress, ProgressSink
+from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.files import StoreWriteError
+from pytest_modelbench.store.item_rows import ItemRows
 from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import ItemStore, RunStore, resolve_run_ref
+from pytest_modelbench.store.runlog import resolve_run_ref
+from pytest_modelbench.store.runstore import ItemStore, RunStore
 from pytest_modelbench.store.setup import SetupRecord
 
 if TYPE_CHECKING:
@@ -125,6 +128,19 @@ def _metadata(item: PlannedItem, fingerprint: str, parts: dict[str, Any]) -> Ite
         num_examples=item.num_examples,
         versions=versions(),
     )
+
+
+def summarise(rows: ItemRows, outcome: Outcome) -> dict[str, Any]:
+    """The summary fields of a backend's outcome: its selected rows summarised (the one place
+    every backend's rows are), then the metrics and fields the backend computed itself."""
+    summary = summarise_rows(rows.rows(outcome.selected), outcome.metric_names, outcome.expected)
+    if outcome.metrics is not None:
+        summary["metrics"] = dict(outcome.metrics)
+    for name, value in outcome.extra_metrics.items():
+        summary["metrics"].setdefault(name, value)
+    summary.update(outcome.fields)
+    summary["resumed_examples"] = outcome.resumed
+    return summary
 
 
 def _common_error(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -319,10 +335,10 @@ class ItemEvaluator:
                 return self._result(
                     item, metric, seeded, item_store.directory, from_store=True, setup=setup
                 )
+        start_over = None
         if reason and (journal_exists or summary):
-            item_store.journal.discard("forced" if self.options.force else "stale")
-            item_store.clear_summary()
-        item_store.begin(_metadata(item, fingerprint, parts))
+            start_over = "forced" if self.options.force else "stale"
+        item_store.begin(_metadata(item, fingerprint, parts), start_over=start_over)
         summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
         setup = self._setup(item, parts, endpoint, summary)
         return self._result(
@@ -414,19 +430,25 @@ class ItemEvaluator:
     ) -> dict[str, Any]:
         """Run the backend (continuing the journal), write the summary; over the error budget
         the item fails with the most common error."""
-        item_store.journal.repair()  # a crash may have torn the last line
+        rows = item_store.open_rows()  # repaired: a crash may have torn the last line
         started = time.time()
         try:
-            summary = backend.evaluate(
-                ItemContext(
-                    item=item,
-                    resolve_endpoint=lambda: self.endpoints.endpoint_for(item),
-                    store=item_store,
-                    error_budget=self.options.error_budget,
-                    progress=self.progress,
-                    stop_rule=stop_rule,
+            try:
+                outcome = backend.evaluate(
+                    ItemContext(
+                        item=item,
+                        resolve_endpoint=lambda: self.endpoints.endpoint_for(item),
+                        rows=rows,
+                        directory=item_store.directory,
+                        fingerprint=fingerprint,
+                        error_budget=self.options.error_budget,
+                        progress=self.progress,
+                        stop_rule=stop_rule,
+                    )
                 )
-            )
+            finally:
+                rows.close()
+            summary = summarise(rows, outcome)
         except EvaluationError as exc:
             item_store.fail(str(exc))
             raise
@@ -451,14 +473,12 @@ class ItemEvaluator:
             duration_estimated=estimated,
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
-        summary.setdefault("resumed_examples", 0)
         item_store.finish(summary, _entry(item, summary))
         if over_budget:
-            rows = item_store.journal.latest()
             raise EvaluationError(
                 f"{item.item_id}: {summary['errors']} of {summary['expected']} examples failed "
                 f"({summary['error_rate']:.1%} > error budget {self.options.error_budget:.0%}, "
-                f"--mb-error-budget){_common_error(rows)}. Finished examples are kept; re-running "
+                f"--mb-error-budget){_common_error(rows.rows())}. Finished examples are kept; re-running "
                 "the same command retries only the failed ones"
             )
         return summary

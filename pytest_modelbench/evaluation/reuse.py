@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_modelbench.planning.fingerprint import describe_changes, digest
-from pytest_modelbench.store.records import STOPPED
+from pytest_modelbench.store.records import STOPPED, ItemStatus
 
 
 class Reuse(enum.Enum):
@@ -56,7 +56,7 @@ def decide(
         return Decision(Reuse.RECOMPUTE, f"configuration changed: {changed}")
     if (
         summary
-        and summary.get("status") == "finished"
+        and summary.get("status") == ItemStatus.FINISHED
         and summary.get("fingerprint") == fingerprint
         and summary.get("num_examples", num_examples) == num_examples
         and _stop_matches(summary, stop_key)
@@ -119,7 +119,7 @@ def seedable(
 ) -> tuple[bool, str | None]:
     """Whether a ``--restart`` run's item (its ``summary``/``metadata``) can be taken as is:
     (True, None); (False, why) when it is stale; (False, None) when it never finished."""
-    if not summary or summary.get("status") != "finished":
+    if not summary or summary.get("status") != ItemStatus.FINISHED:
         return False, None
     if not _stop_matches(summary, stop_key):
         return False, f"not reused from {source}: it stopped early under another stop rule"

@@ -25,10 +25,13 @@ from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.gating import early, gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.store.records import RULE_USED, STOPPED
+from pytest_modelbench.store.records import RULE_USED, STOPPED, ItemStatus
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 from pytest_modelbench.store.setup import SetupRecord, compare_setups
+
+# a reference item in one of these states has not finished (its summary may be an older one)
+_UNFINISHED = (ItemStatus.RUNNING, ItemStatus.INTERRUPTED, ItemStatus.ERROR)
 
 
 class ItemKeys(Protocol):
@@ -140,8 +143,8 @@ class BaselineBook:
         item_id, model, status = self._reference_item(run_id, RunStore(run_dir), result)
         item = RunStore(run_dir).item(item_id)
         summary = item.read_summary()
-        finished = summary is not None and summary.get("status") == "finished"
-        finished = finished and status not in ("running", "interrupted", "error")
+        finished = summary is not None and summary.get("status") == ItemStatus.FINISHED
+        finished = finished and ItemStatus.of(status) not in _UNFINISHED
         if finished and summary is not None and summary.get(STOPPED):
             finished, status = False, "stopped early (--mb-stop-early)"  # a prefix
         rows = item.selected_rows(summary) if finished and summary else list(item.journal.latest())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,9 +137,11 @@ class EarlyStopper:
     _rows: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
     _regression: SequentialTest = field(init=False)
     _fine: SequentialTest = field(init=False)
+    _index: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
         r, n = self.rule, self.horizon or len(self.order)
+        self._index = {example: i for i, example in enumerate(self.order)}
         self._regression = SequentialTest(r.regression_below, "below", r.alpha_regression, n)
         self._fine = SequentialTest(r.fine_above, "above", r.alpha, n)
 
@@ -176,6 +179,17 @@ class EarlyStopper:
         elif self._fine.add(low):  # errors counted wrong
             self.decision = "no regression"
 
+    def position(self, example_id: str, rollout: int) -> int:
+        """A work unit's index in the order's list of units (rollouts of an example adjacent)."""
+        return self._index[example_id] * self.rollouts + rollout
+
+    def frontier(self) -> int:
+        """Units up to the end of the first example the rule still waits for (a run loop sends
+        only a window past it, see ``running.runner``); all of them once it reads no more."""
+        if self.decision is not None or self.disabled:
+            return len(self.order) * self.rollouts
+        return (self.used + 1) * self.rollouts
+
     def add_and_check(self, row: Mapping[str, Any]) -> bool:
         """:meth:`add`, as a run loop's ``on_row``: True once certain (stop the item)."""
         return self.add(row) is not None
@@ -201,3 +215,74 @@ class EarlyStopper:
     def used_ids(self) -> set[str]:
         """The examples of the prefix the decision read."""
         return set(self.order[: self.used])
+
+
+@dataclass(frozen=True)
+class Expected:
+    """``--collect-only``: the examples an item is expected to use under its rule."""
+
+    at_baseline: float | None  # mean examples used at the baseline (simulated); None: budget spent
+    collapsed: int  # examples used when every reply scores 0
+    planned: int
+    runs: int  # simulated sequences behind ``at_baseline``
+
+
+SIMULATED_OBSERVATIONS = 100_000  # per rule: a quarter to a second on one core
+SIMULATION_BUDGET = 1_000_000  # per plan: a plan of many distinct rules stays a few seconds
+_expected: dict[tuple[str, int, int], Expected] = {}
+_spent = [0]  # observations simulated so far in this process
+
+
+def expected_examples(rule: StopRule, planned: int, rollouts: int = 1) -> Expected:
+    """How many of ``planned`` examples the rule reads when the score equals the baseline and
+    when it collapses to 0 (every reply wrong). Value gates: each example right with the
+    baseline's probability, its rollouts agreeing (the widest spread, so the figure is not
+    optimistic). Paired gates: a model scoring the reference's mean with replies independent
+    of the reference's (every example's reference score drawn from the reference run, every
+    example shared with it). Seeded simulations; cached per rule, so a sweep over seeds or
+    models pays once; once :data:`SIMULATION_BUDGET` observations are spent, ``at_baseline``
+    is None."""
+    key = (rule.key, planned, rollouts)
+    if key not in _expected:
+        _expected[key] = _simulate(rule, planned)
+    return _expected[key]
+
+
+def _used(rule: StopRule, observations: Sequence[float], horizon: int) -> int:
+    """Examples read until either side is certain (all of them when neither is)."""
+    regression = SequentialTest(rule.regression_below, "below", rule.alpha_regression, horizon)
+    fine = SequentialTest(rule.fine_above, "above", rule.alpha, horizon)
+    for used, y in enumerate(observations, 1):
+        if regression.add(y) or fine.add(y):
+            return used
+    return len(observations)
+
+
+def _simulate(rule: StopRule, planned: int) -> Expected:
+    rng = random.Random(0)  # the same figures at every --collect-only
+    runs = max(10, min(200, SIMULATED_OBSERVATIONS // max(1, planned)))
+    if _spent[0] and _spent[0] + runs * planned > SIMULATION_BUDGET:
+        runs = 0  # the plan's budget is spent: say so rather than slow the plan down
+    if rule.reference is not None:  # paired: observations are (candidate - reference + 1) / 2
+        scores = [float(v) for v in rule.reference.values()]
+        mean = math.fsum(scores) / len(scores) if scores else 0.0
+
+        def observation() -> float:
+            return ((rng.random() < mean) - rng.choice(scores) + 1.0) / 2.0
+
+        def collapse() -> float:
+            return (1.0 - rng.choice(scores)) / 2.0
+    else:
+
+        def observation() -> float:  # rollouts of one example agree: 0 or 1
+            return float(rng.random() < rule.baseline)
+
+        def collapse() -> float:
+            return 0.0
+
+    collapsed = _used(rule, [collapse() for _ in range(planned)], planned)
+    if not runs:
+        return Expected(None, collapsed, planned, 0)
+    _spent[0] += runs * planned
+    total = sum(_used(rule, [observation() for _ in range(planned)], planned) for _ in range(runs))
+    return Expected(total / runs, collapsed, planned, runs)

@@ -25,6 +25,7 @@ from pytest_modelbench.reporting.leaderboard import Cell, cells, ranked_models
 from pytest_modelbench.reporting.model import ItemRecord, RunData
 from pytest_modelbench.reporting.rows import Example, failing_examples
 from pytest_modelbench.store.files import atomic_write_text
+from pytest_modelbench.store.verdict import Verdict
 
 REPORT_NAME = "report.html"
 MAX_TEXT = 2000
@@ -102,15 +103,12 @@ def _ci(low: float | None, high: float | None) -> str:
     return "-" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"
 
 
-def verdict_class(verdict: str) -> str:
-    head = verdict.split(" (")[0]
-    return {
-        "pass": "mb-pass",
-        "passed": "mb-pass",
-        "fail": "mb-fail",
-        "failed": "mb-fail",
-        "error": "mb-error",
-    }.get(head, "mb-none")
+def verdict_class(verdict: Verdict | None) -> str:
+    """The CSS class of a verdict's cell."""
+    return _VERDICT_CLASS.get(verdict, "mb-none") if verdict is not None else "mb-none"
+
+
+_VERDICT_CLASS = {Verdict.PASS: "mb-pass", Verdict.FAIL: "mb-fail", Verdict.ERROR: "mb-error"}
 
 
 def _clip(text: str) -> str:
@@ -188,7 +186,7 @@ def leaderboard_table(table: Sequence[Cell]) -> str:
                 continue
             css = verdict_class(cell.verdict)
             title = escape(
-                f"{_ci(cell.ci_low, cell.ci_high)} n={cell.n} verdict={cell.verdict or '-'}"
+                f"{_ci(cell.ci_low, cell.ci_high)} n={cell.n} verdict={cell.verdict_text or '-'}"
             )
             tds.append(
                 f'<td class="num {css}" data-sort="{cell.score}" title="{title}">'
@@ -232,7 +230,7 @@ def summary_fragment(run: RunData, *, embed_assets: bool = True) -> str:
 def gate_paragraph(item: ItemRecord) -> str:
     text = item.message or (
         f"{item.variant} {item.metric} {_num(item.score)} "
-        f"{_ci(item.ci_low, item.ci_high)}: {item.verdict or 'not gated'}"
+        f"{_ci(item.ci_low, item.ci_high)}: {item.verdict_text or 'not gated'}"
     )
     failed = " mb-failed" if item.failed else ""
     sandbox = (
@@ -320,7 +318,7 @@ def _item_row(item: ItemRecord) -> str:
         )
         return f'<td class="num" data-sort="{"" if value is None else value}">{shown}</td>'
 
-    verdict = item.verdict or item.status or "-"
+    verdict = item.shown
     if item.from_store and verdict not in ("error", "-"):
         verdict += " (from store)"
     anchor = escape(f"item-{item.item_id}")
@@ -387,7 +385,7 @@ def render_report(
     title = title or f"modelbench report: {run.run_id}"
     counts: dict[str, int] = {}
     for item in run.items:
-        key = (item.verdict or item.status or "unknown").split(" (")[0]
+        key = str(item.verdict or item.status or "unknown")
         counts[key] = counts.get(key, 0) + 1
     count_text = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no items"
     versions = run.manifest.get("versions") or {}
@@ -402,7 +400,7 @@ def render_report(
         details.append(
             f'<details id="{escape(f"item-{item.item_id}")}"{is_open}><summary><b>'
             f'{escape(item.item_id)}</b> — <span class="{verdict_class(item.verdict)}">'
-            f"{escape(item.verdict or item.status or '-')}</span></summary>"
+            f"{escape(item.shown)}</span></summary>"
             f"{item_fragment(run, item, examples, (picked or {}).get(item.item_id))}"
             f"{_browse_links(item)}</details>"
         )

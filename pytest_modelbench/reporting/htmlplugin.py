@@ -21,7 +21,7 @@ from pytest_modelbench.reporting.html import item_fragment, summary_fragment, ve
 from pytest_modelbench.reporting.model import ItemRecord, RunData, build_item, load_run
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import RunStore
+from pytest_modelbench.store.runlog import read_run
 
 _MISSING_KEY = "~"  # sorts after every number key
 _CELL_CLASS = re.compile(r'<td class="col-(mb[a-z]+)[" ]')
@@ -36,7 +36,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[ItemRecord], Any], bool], ...] = (
     ("mbci", "95% CI", lambda i: (i.ci_low, i.ci_high), False),
     ("mbbaseline", "Baseline", lambda i: i.baseline, True),
     ("mbdelta", "Δ", lambda i: i.delta, True),
-    ("mbverdict", "Verdict", lambda i: i.verdict, False),
+    ("mbverdict", "Verdict", lambda i: i, False),  # the record: its verdict and the text
     ("mbn", "n", lambda i: i.n, True),
     ("mberrors", "Errors", lambda i: i.errors, True),
     ("mbevaltime", "Eval time (s)", lambda i: i.duration_s, True),
@@ -69,8 +69,10 @@ def _cell(column: str, value: Any, numeric: bool) -> str:
         else:
             shown = f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
         return f'<td class="col-{column}"><!--{sort_key(value)}-->{shown}</td>'
-    css = f" {verdict_class(str(value))}" if column == "mbverdict" else ""
-    return f'<td class="col-{column}{css}">{escape(str(value or "-"))}</td>'
+    if column == "mbverdict":
+        css, text = verdict_class(value.verdict), value.verdict_text
+        return f'<td class="col-{column} {css}">{escape(text or "-")}</td>'
+    return f'<td class="col-{column}">{escape(str(value or "-"))}</td>'
 
 
 def _column_of(cell: str) -> str:
@@ -100,9 +102,8 @@ class HtmlReportColumns:
 
     def item_record(self, item_id: str, outcome: str) -> ItemRecord:
         """The item as the report shows it, from the record its worker saved."""
-        store = RunStore(self._run_dir()).item(item_id)
-        result = EvalResult.load(store.directory)
-        return build_item(item_id, {}, store.read_summary(), store.read_metadata(), result, outcome)
+        (item,) = read_run(self._run_dir(), ids=[item_id]).items
+        return build_item(item, outcome)
 
     def refresh(self, test: dict[str, Any], report: pytest.TestReport) -> None:
         """Re-render a test pytest-html rendered before Holm settled its item: its modelbench

@@ -19,9 +19,9 @@ from typing import Any
 
 from pytest_modelbench.reporting.model import LEADERBOARD_JSON, ItemRecord, RunData
 from pytest_modelbench.store.files import atomic_write_text
+from pytest_modelbench.store.verdict import Verdict
 
 LEADERBOARD_SCHEMA_VERSION = 1
-_VERDICT_RANK = {"fail": 4, "error": 3, "pass": 2, "undecidable": 1, "no baseline": 1, "": 0}
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,21 @@ class Cell:
     truncated: int  # replies cut off by max_tokens
     baseline: float | None
     delta: float | None
-    verdict: str
+    verdict: Verdict | None  # the worst of the seeds' verdicts (None: none gated)
     tokens: int
     duration_s: float | None
+    holm_pending: bool = False  # that verdict waits for --mb-correction holm
+
+    @property
+    def verdict_text(self) -> str:
+        return self.verdict.text(self.holm_pending) if self.verdict is not None else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """``leaderboard.json``'s cell: the verdict as the text reports show."""
+        data = asdict(self)
+        del data["holm_pending"]
+        data["verdict"] = self.verdict_text
+        return data
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -51,11 +63,10 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return math.fsum(present) / len(present) if present else None
 
 
-def _worst_verdict(verdicts: Sequence[str]) -> str:
-    def rank(v: str) -> int:
-        return _VERDICT_RANK.get(v.split(" (")[0], 2)
-
-    return max(verdicts, key=rank, default="")
+def _worst(items: Sequence[ItemRecord]) -> ItemRecord | None:
+    """The item with the worst verdict (the first of equals); None when none is gated."""
+    worst = max(items, key=lambda i: i.verdict.rank if i.verdict is not None else 0, default=None)
+    return worst if worst is not None and worst.verdict is not None else None
 
 
 def cells(items: Sequence[ItemRecord]) -> list[Cell]:
@@ -67,6 +78,7 @@ def cells(items: Sequence[ItemRecord]) -> list[Cell]:
     out = []
     for (model, variant), group in grouped.items():
         durations = [i.duration_s for i in group if i.duration_s is not None]
+        worst = _worst(group)
         out.append(
             Cell(
                 model=model,
@@ -82,7 +94,8 @@ def cells(items: Sequence[ItemRecord]) -> list[Cell]:
                 truncated=sum(i.truncated for i in group),
                 baseline=next((i.baseline for i in group if i.baseline is not None), None),
                 delta=_mean([i.delta for i in group]),
-                verdict=_worst_verdict([i.verdict for i in group]),
+                verdict=worst.verdict if worst is not None else None,
+                holm_pending=worst.holm_pending if worst is not None else False,
                 tokens=sum(i.tokens for i in group),
                 duration_s=math.fsum(durations) if durations else None,
             )
@@ -182,7 +195,7 @@ def leaderboard_csv(table: Sequence[Cell]) -> str:
                 c.truncated,
                 _f(c.baseline, 6),
                 _f(c.delta, 6),
-                c.verdict,
+                c.verdict_text,
                 c.tokens,
                 _f(c.duration_s, 3),
                 _f(rates.get(c.model), 4),
@@ -217,8 +230,8 @@ def leaderboard_markdown(run: RunData, table: Sequence[Cell]) -> str:
                 else None
             )
             text = f"{cell.score:.3f}" + (f" ± {half:.3f}" if half is not None else "")
-            if cell.verdict.startswith(("fail", "error")):
-                text += f" **{cell.verdict.split(' (')[0]}**"
+            if cell.verdict is not None and cell.verdict.failed:
+                text += f" **{cell.verdict.value}**"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
     lines += [
@@ -241,7 +254,7 @@ def leaderboard_markdown(run: RunData, table: Sequence[Cell]) -> str:
             f"| {_md(item.item_id)} | {item.metric} | {_f(item.score) or '-'} | {ci} | {item.n} | "
             f"{item.errors} | {item.truncated} | {_f(item.baseline) or '-'} | "
             f"{_f(item.delta) or '-'} | "
-            f"{_f(item.p_value) or '-'} | {item.verdict or item.status or '-'} |"
+            f"{_f(item.p_value) or '-'} | {item.shown} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -255,7 +268,7 @@ def leaderboard_json(run: RunData, table: Sequence[Cell]) -> dict[str, Any]:
         "models": [
             {"model": m, "win_rate": rate, "rank": rank} for rank, m, rate in ranked_models(table)
         ],
-        "leaderboard": [asdict(c) for c in table],
+        "leaderboard": [c.as_dict() for c in table],
         "items": [item.as_dict() for item in run.items],
     }
 

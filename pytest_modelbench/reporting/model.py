@@ -8,16 +8,17 @@ same reports without pytest. A session passes its records and their pytest outco
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.names import checkpoint_of, safe_component
-from pytest_modelbench.store.files import read_json
+from pytest_modelbench.store.records import ItemStatus
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import MANIFEST, RunStore
+from pytest_modelbench.store.runlog import RunItem, read_run, run_status
 from pytest_modelbench.store.setup import SetupRecord
+from pytest_modelbench.store.verdict import Verdict
 
 LEADERBOARD_JSON = "leaderboard.json"
 
@@ -61,7 +62,8 @@ class ItemRecord:
     baseline: float | None = None
     delta: float | None = None
     p_value: float | None = None
-    verdict: str = ""
+    verdict: Verdict | None = None  # None: not gated
+    holm_pending: bool = False  # --mb-correction holm has yet to decide the verdict
     rule: str | None = None
     message: str = ""  # the gate's paragraph, or the error that stopped the item
     duration_s: float | None = None
@@ -69,7 +71,7 @@ class ItemRecord:
     completion_tokens: int = 0
     from_store: bool = False
     outcome: str = ""  # pytest outcome of this session ("" when read from the store only)
-    status: str = ""  # run store status: finished | running | error
+    status: ItemStatus | None = None  # run store status: finished | running | error ...
     module: str = ""
     fingerprint: str = ""
     path: str = ""  # item directory name inside the run directory
@@ -87,10 +89,24 @@ class ItemRecord:
 
     @property
     def failed(self) -> bool:
-        return self.verdict.startswith(("fail", "error")) or self.outcome == "failed"
+        return (self.verdict is not None and self.verdict.failed) or self.outcome == "failed"
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as reports show it (``fail (Holm pending)``; "" when not gated)."""
+        return self.verdict.text(self.holm_pending) if self.verdict is not None else ""
+
+    @property
+    def shown(self) -> str:
+        """The verdict column: the verdict, else the item's status, else ``-``."""
+        return self.verdict_text or (self.status.value if self.status else "") or "-"
 
     def as_dict(self) -> dict[str, Any]:
+        """``leaderboard.json``'s item: the verdict and status as the text reports show."""
         data = asdict(self)
+        del data["holm_pending"]
+        data["verdict"] = self.verdict_text
+        data["status"] = self.status.value if self.status is not None else ""
         data["gate"] = dict(self.gate) if self.gate is not None else None
         data["setup"] = self.setup.to_json() if self.setup is not None else None
         return data
@@ -101,6 +117,7 @@ class ItemRecord:
         values = {k: v for k, v in data.items() if k in names}
         setup = data.get("setup")  # a record, or its JSON form (leaderboard.json)
         values["setup"] = setup if isinstance(setup, SetupRecord) else SetupRecord.from_json(setup)
+        values["status"] = ItemStatus.of(values.get("status"))
         return cls(**values)
 
 
@@ -134,7 +151,6 @@ def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str,
         "prompt_tokens": _int(tokens.get("prompt")),
         "completion_tokens": _int(tokens.get("completion")),
         "fingerprint": str(summary.get("fingerprint") or ""),
-        "status": str(summary.get("status") or ""),
     }
 
 
@@ -142,7 +158,8 @@ def _result_fields(result: EvalResult, outcome: str) -> dict[str, Any]:
     """Fields of the item's saved record (``result.json``): verdict, baseline, message."""
     gate = result.verdict
     out: dict[str, Any] = {
-        "verdict": result.verdict_text,
+        "verdict": result.status,
+        "holm_pending": result.gate_deferred,
         "baseline": gate.baseline_value if gate is not None else None,
         "delta": gate.delta if gate is not None else None,
         "p_value": gate.p_value if gate is not None else None,
@@ -156,19 +173,14 @@ def _result_fields(result: EvalResult, outcome: str) -> dict[str, Any]:
     return out
 
 
-def build_item(
-    item_id: str,
-    entry: Mapping[str, Any],
-    summary: Mapping[str, Any] | None,
-    metadata: Mapping[str, Any] | None,
-    result: EvalResult | None = None,
-    outcome: str = "",
-) -> ItemRecord:
-    """Merge the manifest entry, summary and metadata with the item's saved record."""
-    variant_meta = (metadata or {}).get("variant") or {}
-    model_meta = (metadata or {}).get("model") or {}
+def build_item(run_item: RunItem, outcome: str = "") -> ItemRecord:
+    """One item of :func:`read_run` as the reports show it: the manifest entry, summary and
+    metadata with the item's saved record."""
+    entry, metadata, result = run_item.entry, run_item.metadata or {}, run_item.result
+    variant_meta = metadata.get("variant") or {}
+    model_meta = metadata.get("model") or {}
     data: dict[str, Any] = {
-        "item_id": item_id,
+        "item_id": run_item.item_id,
         "model": result.model
         if result
         else str(entry.get("model") or model_meta.get("name") or ""),
@@ -176,22 +188,16 @@ def build_item(
         "variant": result.variant
         if result
         else str(entry.get("variant") or variant_meta.get("id") or ""),
-        "seed": result.seed if result else _int(entry.get("seed", (metadata or {}).get("seed"))),
+        "seed": result.seed if result else _int(entry.get("seed", metadata.get("seed"))),
         "module": str(variant_meta.get("module") or ""),
-        "status": str(entry.get("status") or ""),
-        "path": str(entry.get("path") or safe_component(item_id)),
+        "path": run_item.path,
     }
-    data.update(_summary_fields(summary, result.metric if result else ""))
-    if not data.get("status"):
-        data["status"] = str(entry.get("status") or "")
-    current = result is not None and (
-        result.error is not None or result.summary.get("fingerprint") == data.get("fingerprint")
-    )
-    if result is not None and current:
+    data.update(_summary_fields(run_item.summary, result.metric if result else ""))
+    data["status"] = run_item.status
+    if result is not None and run_item.current:
         data.update(_result_fields(result, outcome))
-    elif entry.get("status") == "error" and entry.get("error"):
-        data.update(verdict="error", message=str(entry["error"]))
-    data["verdict"] = str(data.get("verdict") or "")
+    elif run_item.verdict is Verdict.ERROR:
+        data.update(verdict=Verdict.ERROR, message=str(entry["error"]))
     data["message"] = str(data.get("message") or "")
     return ItemRecord.from_dict(data)
 
@@ -218,46 +224,9 @@ class RunData:
         return self.directory / (item.path or safe_component(item.item_id))
 
     def status(self) -> str:
-        """``finished`` | ``failed`` (an item failed its gate or errored) | ``incomplete``."""
-        statuses = [item.status for item in self.items]
-        if any(s == "running" for s in statuses) or not self.items:
-            return "incomplete"
-        if any(item.failed or item.status == "error" for item in self.items):
-            return "failed"
-        return "finished"
-
-
-class RunNotFound(Exception):
-    """The named run directory does not exist or is not a run (message says which and why)."""
-
-
-def resolve_run(name: str, runs_dir: Path) -> Path:
-    """A run given as a directory path, a run id under ``runs_dir``, or ``latest``."""
-    candidates = [Path(name), runs_dir / name]
-    if name == "latest":
-        runs = list_runs(runs_dir)
-        if not runs:
-            raise RunNotFound(f"latest: no runs under {runs_dir} (pass --run-dir DIR)")
-        return runs[-1]
-    for path in candidates:
-        if (path / MANIFEST).is_file():
-            return path
-    shown = ", ".join(p.name for p in list_runs(runs_dir)[-5:]) or "none"
-    raise RunNotFound(
-        f"{name}: not a run directory (no {MANIFEST} in {candidates[0]} or {candidates[1]}); "
-        f"recent runs in {runs_dir}: {shown} (list them with 'modelbench runs')"
-    )
-
-
-def list_runs(runs_dir: Path) -> list[Path]:
-    """Run directories under ``runs_dir``, oldest first (by manifest ``created_at``)."""
-    if not runs_dir.is_dir():
-        return []
-    found: list[tuple[str, str, Path]] = []
-    for manifest in runs_dir.glob(f"*/{MANIFEST}"):
-        data = read_json(manifest) or {}
-        found.append((str(data.get("created_at", "")), manifest.parent.name, manifest.parent))
-    return [path for _, _, path in sorted(found)]
+        """``finished`` | ``failed`` (an item failed its gate or errored) | ``incomplete``:
+        :func:`~pytest_modelbench.store.runlog.run_status`'s word for reports."""
+        return run_status((item.status, item.failed) for item in self.items).report_word
 
 
 def load_run(
@@ -267,37 +236,18 @@ def load_run(
     outcomes: Mapping[str, str] | None = None,
     only_records: bool = False,
 ) -> RunData:
-    """The run's items: the manifest's, each with its saved record (``result.json``); this
-    session's ``records`` (with their pytest ``outcomes``) are used as they are.
+    """The run's items (:func:`read_run`) as the reports show them; this session's
+    ``records`` (with their pytest ``outcomes``) are used as they are.
 
     ``only_records`` keeps just the session's items (the pytest-html report
     describes the session, the run directory's reports the whole run).
     """
-    store = RunStore(directory)
-    manifest = store.read_manifest()
-    entries: Mapping[str, Any] = manifest.get("items") or {}
-    by_record = {r.item_id: r for r in records or []}
-    ids: Iterable[str] = by_record if only_records else dict.fromkeys([*entries, *by_record])
-    items = []
-    for item_id in ids:
-        item_store = store.item(item_id)
-        result = by_record.get(item_id) or EvalResult.load(item_store.directory)
-        items.append(
-            build_item(
-                item_id,
-                entries.get(item_id) or {},
-                result.summary
-                if result is not None and result.summary
-                else item_store.read_summary(),
-                item_store.read_metadata(),
-                result,
-                (outcomes or {}).get(item_id, ""),
-            )
-        )
+    run = read_run(directory, records, only_records=only_records)
+    items = [build_item(item, (outcomes or {}).get(item.item_id, "")) for item in run.items]
     return RunData(
-        run_id=directory.name,
+        run_id=run.run_id,
         directory=directory,
         items=tuple(items),
-        manifest=manifest,
+        manifest=run.manifest,
         generated_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )

@@ -29,6 +29,7 @@ from pytest_modelbench.errors import ModelbenchUsageError
 from pytest_modelbench.names import checkpoint_of
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.verdict import Verdict
 
 TRACKER_PLUGIN = "modelbench-trackers"
 DEFAULT_PROJECT = "modelbench"
@@ -52,12 +53,25 @@ class TrackedItem:
     stderr: float | None
     n: int  # scored units
     errors: int  # units without a score
-    verdict: str  # "pass", "fail", "undecidable", "no baseline", or "... (Holm pending)"
+    verdict: Verdict  # pass, fail, undecidable, no baseline or error
     baseline: float | None  # the baseline's value, when gated against one
     p_value: float | None
     from_store: bool  # read back from the run store
     family: str | None  # a checkpoint sweep's model name, else None
     step: int | None  # a checkpoint sweep's step, else None
+    holm_pending: bool = False  # the verdict waits for --mb-correction holm's final step
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as trackers show it: ``fail (Holm pending)`` while Holm decides."""
+        return self.verdict.text(self.holm_pending)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry of ``items.json`` and the W&B table: the verdict as its text."""
+        data = asdict(self)
+        del data["holm_pending"]
+        data["verdict"] = self.verdict_text
+        return data
 
     @classmethod
     def of(cls, result: EvalResult) -> TrackedItem:
@@ -77,7 +91,8 @@ class TrackedItem:
             stderr=result.stderr,
             n=result.n,
             errors=result.errors,
-            verdict=result.verdict_text,
+            verdict=result.status,
+            holm_pending=result.gate_deferred,
             baseline=getattr(verdict, "baseline_value", None),
             p_value=getattr(verdict, "p_value", None),
             from_store=result.from_store,
@@ -101,7 +116,9 @@ class TrackedItem:
             "n": self.n,
             "errors": self.errors,
             # decided verdicts only ("no baseline" has none; "... (Holm pending)" not yet)
-            "passed": self.verdict == "pass" if self.verdict in ("pass", "fail") else None,
+            "passed": self.verdict is Verdict.PASS
+            if self.verdict in (Verdict.PASS, Verdict.FAIL) and not self.holm_pending
+            else None,
             "baseline": self.baseline,
             "p_value": self.p_value,
         }
@@ -110,6 +127,9 @@ class TrackedItem:
             for name, value in values.items()
             if value is not None and math.isfinite(float(value))
         }
+
+
+TRACKED_COLUMNS = tuple(f.name for f in dataclasses.fields(TrackedItem) if f.name != "holm_pending")
 
 
 class Tracker(Protocol):
@@ -157,15 +177,15 @@ class WandbTracker:
             self._run.define_metric(f"{entry.key}/*", step_metric="checkpoint_step")
             values["checkpoint_step"] = entry.step
         self._run.log(values)
-        self._run.summary[f"{entry.item}/verdict"] = entry.verdict
+        self._run.summary[f"{entry.item}/verdict"] = entry.verdict_text
 
     def finish(self, entries: Sequence[TrackedItem], failed: bool) -> None:
         for entry in entries:  # final verdicts (Holm decides deferred ones at session end)
-            self._run.summary[f"{entry.item}/verdict"] = entry.verdict
-        columns: list[str | int] = [f.name for f in dataclasses.fields(TrackedItem)]
+            self._run.summary[f"{entry.item}/verdict"] = entry.verdict_text
+        columns: list[str | int] = list(TRACKED_COLUMNS)
         table = self._wandb.Table(columns=columns)
         for entry in entries:
-            row = asdict(entry)
+            row = entry.as_dict()
             table.add_data(*(row[str(c)] for c in columns))
         self._run.log({"items": table})
         self._run.finish(exit_code=1 if failed else 0)
@@ -203,17 +223,17 @@ class MlflowTracker:
             Metric(_mlflow_key(f"{entry.key}/{name}"), value, now, step)
             for name, value in entry.numbers().items()
         ]
-        tags = [RunTag(_mlflow_key(f"verdict/{entry.item}"), entry.verdict)]
+        tags = [RunTag(_mlflow_key(f"verdict/{entry.item}"), entry.verdict_text)]
         self._client.log_batch(self._run_id, metrics=metrics, tags=tags)  # one call per item
 
     def finish(self, entries: Sequence[TrackedItem], failed: bool) -> None:
         from mlflow.entities import RunTag
 
-        tags = [RunTag(_mlflow_key(f"verdict/{e.item}"), e.verdict) for e in entries]
+        tags = [RunTag(_mlflow_key(f"verdict/{e.item}"), e.verdict_text) for e in entries]
         self._client.log_batch(self._run_id, tags=tags)  # final verdicts (Holm at session end)
         items = {
             "schema_version": TrackedItem.SCHEMA_VERSION,
-            "items": [asdict(e) for e in entries],
+            "items": [e.as_dict() for e in entries],
         }
         self._client.log_dict(self._run_id, items, "items.json")
         self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
@@ -255,13 +275,13 @@ class TrackerReporter:
         project: str,
         run_id: Callable[[], str],
         config: Callable[[], Mapping[str, Any]],
-        verdicts: Callable[[], Mapping[str, str]],
+        verdicts: Callable[[], Sequence[EvalResult]],
     ) -> None:
         self.names = tuple(names)
         self.project = project
         self._run_id = run_id
         self._config = config
-        self._verdicts = verdicts  # item id -> final verdict, once the session decided them
+        self._verdicts = verdicts  # the session's records, with their final verdicts
         self._trackers: list[Tracker] | None = None
         self.entries: list[TrackedItem] = []
         self.problems: list[str] = []
@@ -293,9 +313,14 @@ class TrackerReporter:
         trackers, self._trackers = self._trackers or [], []
         if not trackers:
             return
-        final = self._verdicts()
+        final = {result.item_id: result for result in self._verdicts()}
         entries = [
-            dataclasses.replace(e, verdict=final.get(e.item, e.verdict)) for e in self.entries
+            dataclasses.replace(
+                e, verdict=final[e.item].status, holm_pending=final[e.item].gate_deferred
+            )
+            if e.item in final
+            else e
+            for e in self.entries
         ]
         for tracker in trackers:
             try:
@@ -303,7 +328,9 @@ class TrackerReporter:
             except Exception as exc:  # a tracker's failure must not stop the benchmarks
                 self._problem(tracker.name, "could not finish its run", exc)
 
-    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+    def pytest_terminal_summary(
+        self, terminalreporter: pytest.TerminalReporter, exitstatus: int
+    ) -> None:
         self.finish(failed=exitstatus != 0)
         for problem in self.problems:
             terminalreporter.write_line(f"modelbench: {problem}", yellow=True)
@@ -323,7 +350,7 @@ def register(
     project: str,
     run_id: Callable[[], str],
     run_config: Callable[[], Mapping[str, Any]],
-    verdicts: Callable[[], Mapping[str, str]],
+    verdicts: Callable[[], Sequence[EvalResult]],
 ) -> None:
     """Called by ``plugin.start_session`` on the controller when ``--mb-tracker`` is given."""
     try:

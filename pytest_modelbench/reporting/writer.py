@@ -23,8 +23,11 @@ from pytest_modelbench.planning.item import Plan
 from pytest_modelbench.running.progress import PROGRESS_SINK, FileProgress, RecordingProgress
 from pytest_modelbench.workers import WORKER_PROGRESS_DIR, is_worker, worker_input
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
+    from xdist.workermanage import WorkerController
+
     from pytest_modelbench.reporting.digest import Digests
+    from pytest_modelbench.reporting.live import LiveProgress
     from pytest_modelbench.store.result import EvalResult
     from pytest_modelbench.store.runstore import RunStore
 
@@ -116,7 +119,7 @@ class ReportWriter:
         self.config = config
         self.options = options
         self.session = session
-        self.live: Any = None  # reporting.live.LiveProgress on the controller while running
+        self.live: LiveProgress | None = None  # on the controller while running
         self._token = uuid.uuid4().hex[:12]
         self._written: list[Path] | None = None
         self._note: str | None = None
@@ -173,7 +176,7 @@ class ReportWriter:
         return self.session.run_dir / PROGRESS_DIRNAME / self._token
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
+    def pytest_configure_node(self, node: WorkerController) -> None:
         if self.mode != "off" and self.session.active:
             node.workerinput[WORKER_PROGRESS_DIR] = str(self._progress_dir())
 
@@ -332,7 +335,7 @@ class ReportWriter:
             session.exitstatus = failed
 
     @pytest.hookimpl(trylast=True)  # after the session's summary table
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         self._write_reports()
         if self._written:
             first, *rest = self._written

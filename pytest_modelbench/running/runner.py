@@ -4,8 +4,8 @@ A pool of lanes (coroutines) pulls (example, rollout) work units from one
 iterator, so memory stays flat for 100k-example items and each server always
 has ``max_concurrent`` requests to batch: when a replica joins the model's URL
 set the pool grows, when a server leaves it shrinks. Each finished example is one
-journal line (``store.Journal``); failures after retries are recorded as
-errors, never as wrong answers. Heavy scorers run in worker processes
+journal row, appended to the item's ``RowSink`` (``store.item_rows``); failures after
+retries are recorded as errors, never as wrong answers. Heavy scorers run in worker processes
 (``running.scoring``), waiting ones in threads: the loop never waits on scoring.
 """
 
@@ -15,17 +15,22 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_modelbench.running.client import Completion, OpenAIClient, RequestFailed
 from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.running.scoring import off_loop_scorer
-from pytest_modelbench.store.journal import Journal
+from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import Example, Suite
 
 GROW_EVERY_S = 0.5  # how soon the lanes follow a server joining or leaving
+# --mb-stop-early: how many units past the rule's first unfinished example may be sent: this
+# many per lane of capacity, at least SEND_AHEAD_MIN (lanes seldom wait when nothing stops)
+SEND_AHEAD_PER_LANE = 4
+SEND_AHEAD_MIN = 64
 
 
 def request_seed(item_seed: int, example_id: str, rollout: int) -> int:
@@ -58,6 +63,19 @@ class LoopStats:
             self.retry_reasons[key] = self.retry_reasons.get(key, 0) + 1
 
 
+class SampleOrder(Protocol):
+    """``--mb-stop-early``: the seeded order the stop rule reads, and how far it has read."""
+
+    def position(self, example_id: str, rollout: int) -> int:
+        """The unit's index in the ordered unit list (example index × rollouts + rollout)."""
+        ...
+
+    def frontier(self) -> int:
+        """Units of the order up to the end of the first example the rule still waits for
+        (journalled ones included); every unit once the rule reads no more."""
+        ...
+
+
 @dataclass(frozen=True)
 class LoopSettings:
     api: str  # "chat" | "completions"
@@ -69,7 +87,7 @@ class LoopSettings:
 
 
 def work_units(
-    examples: Iterable[Example], rollouts: int, done: set[tuple[str, int]]
+    examples: Iterable[Example], rollouts: int, done: AbstractSet[tuple[str, int]]
 ) -> Iterator[tuple[Example, int]]:
     """Every (example, rollout) whose journal line is missing or was an error."""
     for example in examples:
@@ -97,22 +115,27 @@ async def run_loop(
     suite: Suite,
     units: Iterator[tuple[Example, int]],
     client: OpenAIClient,
-    journal: Journal,
+    sink: RowSink,
     settings: LoopSettings,
     progress: ProgressSink,
-    on_row: Callable[[Mapping[str, Any]], bool] | None = None,
+    *,
+    may_stop: bool = False,
+    order: SampleOrder | None = None,
 ) -> LoopStats:
     """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth.
 
-    ``on_row`` sees each row once journalled; when it returns True (``--mb-stop-early``: the
-    verdict is certain) no unit is started any more and the requests in flight are cancelled
-    (their rows are never written)."""
+    With ``may_stop``, the sink is asked after each row whether the item is ``stopped()``
+    (``--mb-stop-early``: the verdict is certain); once it is, no unit is started any more and
+    the requests in flight are cancelled (their rows are never written). With ``order`` (the
+    units' order the rule reads) a unit is sent only within :func:`send_ahead` units of
+    ``order.frontier()``: one slow reply early in the order pauses sending, instead of the rest
+    of the item going out while the rule waits."""
     stats = LoopStats()
     stop = asyncio.Event()
 
     def journalled(row: dict[str, Any]) -> None:
-        journal.append(row)
-        if on_row is not None and on_row(row):
+        sink.append(row)
+        if may_stop and sink.stopped():
             stop.set()
 
     started = time.perf_counter()
@@ -169,15 +192,53 @@ async def run_loop(
         return client.dead is not None or stop.is_set()
 
     try:
-        if on_row is None:
+        if not may_stop:
             await run_lanes(units, one, capacity, stopped)
         else:
-            await _until_stopped(run_lanes(units, one, capacity, stopped), stop)
+            sent = one if order is None else in_window(one, order, capacity, stopped)
+            await _until_stopped(run_lanes(units, sent, capacity, stopped), stop)
     finally:
         stats.wall_s = time.perf_counter() - started
     if client.dead is not None:
         raise EndpointGone(client.dead)
     return stats
+
+
+def send_ahead(capacity: int) -> int:
+    """``--mb-stop-early``: how many units past the rule's frontier may be sent."""
+    return max(SEND_AHEAD_MIN, SEND_AHEAD_PER_LANE * capacity)
+
+
+def in_window(
+    one: Callable[[Example, int], Awaitable[None]],
+    order: SampleOrder,
+    capacity: Callable[[], int],
+    stopped: Callable[[], bool],
+) -> Callable[[Example, int], Awaitable[None]]:
+    """``one``, run once the unit is within :func:`send_ahead` of ``order.frontier()`` (or not
+    at all once ``stopped()``). A lane waiting here holds no request; some unit before the
+    frontier is always in flight, and its reply, moving the frontier, wakes the lanes."""
+    moved = asyncio.Condition()
+    seen = order.frontier()
+
+    def inside(position: int) -> bool:
+        return stopped() or position < order.frontier() + send_ahead(capacity())
+
+    async def sent(example: Example, rollout: int) -> None:
+        nonlocal seen
+        position = order.position(example.id, rollout)
+        if not inside(position):
+            async with moved:
+                await moved.wait_for(lambda: inside(position))
+            if stopped():
+                return
+        await one(example, rollout)
+        if order.frontier() != seen or stopped():
+            seen = order.frontier()
+            async with moved:
+                moved.notify_all()
+
+    return sent
 
 
 async def _until_stopped(lanes: Awaitable[None], stop: asyncio.Event) -> None:

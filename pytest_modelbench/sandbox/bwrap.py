@@ -21,11 +21,14 @@ from pytest_modelbench.sandbox.namespaces import INSIDE_WORKDIR, SANDBOX_ID, SHM
 
 CODE_DIR = "/opt/modelbench"  # where the launcher's modules appear in the sandbox
 CGROUP_VAR = "MODELBENCH_SANDBOX_CGROUP"  # "1": the run's cgroup was joined (see joining)
-# joins each cgroup named in the arguments, then runs bubblewrap, telling the launcher
-# whether every join held (bubblewrap's child stays in the cgroups it starts in)
+# waits until the host has moved it into the run's cgroups (a line on stdin: the sandbox user
+# may not move itself out of root's cgroup on cgroup v2), checks that /proc/self/cgroup shows
+# the run's cgroup in each hierarchy, then runs bubblewrap, telling the launcher whether it
+# does (bubblewrap's child stays in the cgroups it starts in)
 JOIN = (
-    'n=$1; shift; ok=1; while [ "$n" -gt 0 ]; do { echo $$ > "$1"; } 2>/dev/null || ok=0; '
-    f'shift; n=$((n - 1)); done; b=$1; shift; exec "$b" --setenv {CGROUP_VAR} "$ok" "$@"'
+    "read -r go; name=$1; k=$2; shift 2; c=0; while read -r line; do case $line in "
+    '*/"$name") c=$((c + 1));; esac; done < /proc/self/cgroup; ok=0; [ "$c" -eq "$k" ] && ok=1; '
+    f'b=$1; shift; exec "$b" --setenv {CGROUP_VAR} "$ok" "$@" < /dev/null'
 )
 HOSTNAME = "sandbox"
 
@@ -101,11 +104,12 @@ def command(
     return [*args, "--", layout.interpreter, "-I", "-B", boot, str(config_fd)]
 
 
-def joining(procs_files: list[str], argv: list[str]) -> list[str]:
-    """``argv`` (bubblewrap's) run by a shell that first joins the cgroups whose process
-    lists are ``procs_files`` (the launcher, inside, can no longer reach them)."""
+def joining(count: int, name: str, argv: list[str]) -> list[str]:
+    """``argv`` (bubblewrap's) run by a shell that waits for a line on its stdin, sent once
+    the host has moved it into the cgroups named ``name`` (``count`` hierarchies: the
+    launcher, inside, can no longer reach them), and checks that it is inside each."""
     shell = shutil.which("sh", path="/bin:/usr/bin") or "/bin/sh"
-    return [shell, "-c", JOIN, "sh", str(len(procs_files)), *procs_files, *argv]
+    return [shell, "-c", JOIN, "sh", name, str(count), *argv]
 
 
 def popen_options() -> dict[str, Any]:

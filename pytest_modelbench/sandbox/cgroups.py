@@ -139,6 +139,12 @@ class ProgramCgroup:
             _write(path / "memory.memsw.limit_in_bytes", str(memory_bytes))
 
     @property
+    def name(self) -> str:
+        """The cgroup's name, the same in every hierarchy (the last part of its path in
+        ``/proc/PID/cgroup``)."""
+        return self.paths[0].name
+
+    @property
     def procs_files(self) -> list[str]:
         return [str(path / "cgroup.procs") for path in self.paths]
 

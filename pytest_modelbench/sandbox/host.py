@@ -44,7 +44,7 @@ from typing import Any, Literal, cast
 
 from pytest_modelbench.processes import kill_group
 from pytest_modelbench.sandbox import bwrap
-from pytest_modelbench.sandbox.cgroups import ProgramCgroup, cgroup_base
+from pytest_modelbench.sandbox.cgroups import CONTROLLERS, ProgramCgroup, cgroup_base
 from pytest_modelbench.sandbox.judge import guard_asserts
 from pytest_modelbench.sandbox.layout import LayoutError, RootLayout, launcher_code, root_layout
 from pytest_modelbench.sandbox.namespaces import (
@@ -357,6 +357,10 @@ class Sandbox:
         self._level: Level | None = None if isolation == "auto" else cast(Level, isolation)
         self._level_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.workers)
+        self._joined_lock = threading.Lock()
+        self._joined: dict[Level, dict[str, bool]] = {}
+        """Per full level and controller: whether every run so far was inside its cgroup
+        with it (as the launcher or the shell before bubblewrap checked)."""
 
     @property
     def level(self) -> Level:
@@ -391,13 +395,38 @@ class Sandbox:
         }
         stated["seccomp"] = self._seccomp() is not None
         whole = level in FULL_LEVELS
+        joined = self._joined_cgroups(level) if whole else {}
         for limit, controller in (("memory", "memory"), ("processes", "pids")):
-            whole_program = whole and cgroup_base(controller) is not None
-            stated[f"{limit}_scope"] = "whole program (cgroup)" if whole_program else "per process"
+            scope = "per process"
+            if joined.get(controller):
+                scope = "whole program (cgroup)"
+            elif whole and cgroup_base(controller) is not None:
+                scope += " (the run's cgroup could not be joined)"
+            stated[f"{limit}_scope"] = scope
         if whole:
             stated["work_bytes"] = limits.work_bytes  # a tmpfs: the whole program's disk
             stated["shm_bytes"] = SHM_BYTES
         return stated
+
+    def _joined_cgroups(self, level: Level) -> dict[str, bool]:
+        """Per controller, whether every run at ``level`` so far was verified inside its
+        cgroup (a trivial program is run first when none has been)."""
+        with self._joined_lock:
+            known = level in self._joined
+        if not known:
+            limits = SandboxLimits(cpu_seconds=10, wall_seconds=PROBE_LIMITS_WALL)
+            with self._slots:
+                self._run(level, PROBE_PROGRAM, {}, limits, None)
+        with self._joined_lock:
+            return dict(self._joined.get(level, {}))
+
+    def _note_cgroup(self, level: Level, isolation: Mapping[str, Any]) -> None:
+        """Remember whether a run at a full level was inside its cgroup, per controller."""
+        inside = isolation.get("cgroup") or []
+        with self._joined_lock:
+            joined = self._joined.setdefault(level, {})
+            for controller in CONTROLLERS:
+                joined[controller] = joined.get(controller, True) and controller in inside
 
     def _choose(self) -> Level:
         for level in FULL_LEVELS:
@@ -509,16 +538,12 @@ class Sandbox:
 
     def _cgroup(self, level: Level, token: str, limits: SandboxLimits) -> ProgramCgroup | None:
         """The run's own cgroup at the full levels where the host allows one: the launcher
-        joins it (``namespaces``), or the shell that starts bubblewrap does (``bwrap``, as
-        the sandbox user when we are root: it may write the cgroup's process list)."""
+        joins it (``namespaces``), or this process moves the shell that starts bubblewrap into
+        it (``bwrap``: as the sandbox user it could not move itself out of root's cgroup on
+        cgroup v2); each checks ``/proc/self/cgroup`` before the program starts."""
         if level not in FULL_LEVELS:
             return None
-        cgroup = ProgramCgroup.create(f"run-{token}", limits.max_processes, limits.memory_bytes)
-        if cgroup is not None and level == "bwrap" and os.geteuid() == 0:
-            for path in cgroup.procs_files:
-                with contextlib.suppress(OSError):
-                    os.chown(path, SANDBOX_ID, SANDBOX_ID)
-        return cgroup
+        return ProgramCgroup.create(f"run-{token}", limits.max_processes, limits.memory_bytes)
 
     def _command(
         self, level: Level, config_fd: int, workdir: Path, limits: SandboxLimits
@@ -566,10 +591,11 @@ class Sandbox:
         kill what is left; whether it timed out, and what the launcher reported."""
         ours, theirs = socket.socketpair()  # a socket: no other process can reopen it via /proc
         config_fd = _pipe_holding({**config, "report_fd": theirs.fileno()})
+        joins = config["cgroup_procs"] if level == "bwrap" else []
         try:
             argv, options, inherited = self._command(level, config_fd, root / "work", limits)
-            if level == "bwrap" and config.get("cgroup_procs"):
-                argv = bwrap.joining(config["cgroup_procs"], argv)
+            if joins:
+                argv = bwrap.joining(len(joins), config["cgroup_name"], argv)
         except BaseException:
             os.close(config_fd)
             raise
@@ -580,7 +606,7 @@ class Sandbox:
                     process = subprocess.Popen(
                         argv,
                         env=self._env(config["workdir"], token),
-                        stdin=subprocess.DEVNULL,
+                        stdin=subprocess.PIPE if joins else subprocess.DEVNULL,
                         stdout=out,
                         stderr=err,
                         pass_fds=(theirs.fileno(), config_fd, *inherited),
@@ -591,6 +617,8 @@ class Sandbox:
                 for fd in (config_fd, *inherited):
                     os.close(fd)
             try:
+                if joins:
+                    _move_into(process, joins)
                 if request is not None:
                     with contextlib.suppress(OSError):  # the launcher died: no verdict follows
                         ours.settimeout(limits.wall_seconds)
@@ -619,7 +647,8 @@ class Sandbox:
             if level in FULL_LEVELS and os.geteuid() == 0:
                 _give_to_sandbox_user(root, workdir)
             cgroup = self._cgroup(level, token, limits)
-            config["cgroup_procs"] = cgroup.procs_files if cgroup else None
+            config["cgroup_procs"] = cgroup.procs_files if cgroup else []
+            config["cgroup_name"] = cgroup.name if cgroup else ""
             config["cgroup_controllers"] = list(cgroup.controllers) if cgroup else []
             request = None if tests is None else (json.dumps(tests.request()) + "\n").encode()
             start = time.monotonic()
@@ -633,6 +662,8 @@ class Sandbox:
             duration = time.monotonic() - start
             isolation, exit_info, verdicts = _read_report(data)
             reported = bool(isolation)  # sent once the program's process is confined
+            if reported and level in FULL_LEVELS:
+                self._note_cgroup(level, isolation)
             isolation.setdefault("level", level)
             if oom_kills:
                 isolation["oom_kills"] = oom_kills
@@ -658,6 +689,18 @@ class Sandbox:
         return ExecutionResult(
             status, reason, code, stdout, stderr, duration, isolation, counts, judged
         )
+
+
+def _move_into(process: subprocess.Popen[bytes], procs_files: Sequence[str]) -> None:
+    """Move the shell that starts bubblewrap into the run's cgroups (this process may, where
+    the sandbox user could not on cgroup v2), then let it go on; it checks where it is."""
+    for path in procs_files:
+        with contextlib.suppress(OSError):
+            Path(path).write_text(str(process.pid))
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.write(b"go\n")
+            process.stdin.close()
 
 
 def _out_of_memory(limits: SandboxLimits, kills: int) -> str:

@@ -97,7 +97,10 @@ CTYPES_EVENTS = {
 MAX_FD = 1 << 16  # descriptors above this are never open (RLIMIT_NOFILE is far lower)
 SPAWN_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"}
 FORK_EVENTS = {"os.fork", "os.forkpty"}
-SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of a pid other than 0, -1, the parent: allowed
+SIGNAL_EVENTS = {"os.kill", "os.killpg"}  # os.kill of the program's own processes: allowed
+# a descriptor's owner is signalled when it is ready (with O_ASYNC): naming one is a signal to
+# any process (seccomp.SIGNAL_OWNER_FCNTL and SIGNAL_OWNER_IOCTL, as the filter refuses them)
+SIGNAL_OWNER = {"fcntl.fcntl": (8, 10, 15), "fcntl.ioctl": (0x8901, 0x8902)}
 
 
 def drop_capabilities() -> bool:
@@ -248,6 +251,33 @@ def _modifies(event: str, args: tuple[Any, ...]) -> list[Any]:
     return [args[i] for i in PATH_EVENTS.get(event, ()) if i < len(args)]
 
 
+def is_descendant(pid: object, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its descendants (followed through each
+    process's parent in ``/proc``): at the audit-hook level the program shares the host's
+    processes, and may signal only its own (not its judge, the host or other runs)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False  # 0 and negative numbers are process groups, or every process
+    try:  # relative to /proc: the audit hook, which calls this, refuses /proc/PID paths
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    seen: set[int] = set()
+    try:
+        while pid > 1 and pid != ancestor and pid not in seen:
+            seen.add(pid)
+            fd = os.open(f"{pid}/stat", os.O_RDONLY, dir_fd=proc)
+            try:
+                stat = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            pid = int(stat.rsplit(b")", 1)[1].split()[1])  # after "(comm) state": the parent
+    except (OSError, ValueError, IndexError):
+        return False
+    finally:
+        os.close(proc)
+    return pid == ancestor
+
+
 def _denied_event(
     event: str,
     args: tuple[Any, ...],
@@ -255,7 +285,7 @@ def _denied_event(
     spawn: bool,
     fork: bool,
     own_proc: set[str],
-    parent: int,
+    program: int,
 ) -> str | None:
     """What ``event`` would do that the policy forbids (writes aside), or None."""
     if event in NETWORK_EVENTS and not network:
@@ -266,8 +296,16 @@ def _denied_event(
         return f"starting programs ({event})"
     if event in FORK_EVENTS and not fork:
         return f"creating processes ({event})"
-    if event in SIGNAL_EVENTS and (event != "os.kill" or not 0 < args[0] != parent):
+    if event in SIGNAL_EVENTS and (event != "os.kill" or not is_descendant(args[0], program)):
         return f"signalling processes other than its own ({event})"
+    if (
+        event in SIGNAL_OWNER
+        and isinstance(args[1], int)
+        and args[1] & 0xFFFFFFFF in SIGNAL_OWNER[event]
+    ):
+        return f"naming a process to signal ({event})"
+    if event == "resource.prlimit" and args[0] not in (0, os.getpid()) and args[2] is not None:
+        return f"changing another process's limits ({event})"
     if event == "open" and isinstance(args[0], (str, bytes)):
         path = os.fsdecode(args[0])
         parts = path.split("/")
@@ -281,7 +319,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
     """An audit hook enforcing the Python-level policy (a second line behind the OS)."""
     allowed = (os.path.realpath(workdir), "/dev/null")
     own_proc = {"self", "thread-self", str(os.getpid())}
-    parent = os.getppid()  # the judge, in a judged run at the audit-hook level
+    program = os.getpid()  # the program's first process: it and its descendants may be signalled
 
     def inside(path: Any) -> bool:
         if isinstance(path, int) or path is None:
@@ -293,7 +331,7 @@ def make_guard(workdir: str, *, network: bool, spawn: bool, fork: bool) -> Calla
         raise PermissionError(f"modelbench sandbox: {what} is not allowed")
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        denied = _denied_event(event, args, network, spawn, fork, own_proc, parent)
+        denied = _denied_event(event, args, network, spawn, fork, own_proc, program)
         if denied is not None:
             deny(denied)
         for path in _modifies(event, args):
@@ -403,6 +441,7 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
         candidate.serve(wire.Channel(down_read, up_write), path)
     os.close(down_read)
     os.close(up_write)
+    catch_no_signals()
     silence()  # the program's stdout and stderr are its own: the judge writes none of it
     fd = config["report_fd"]
     program = judge.Program(wire.Channel(up_read, down_write))
@@ -418,6 +457,16 @@ def init_judged(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     program.hang_up()  # the program's process sees the end of its input and exits
     _report(fd, {"verdict": verdict, "exit": _stop(child)})
     os._exit(0)
+
+
+def catch_no_signals() -> None:
+    """Default actions for every signal this process catches (Python's ``SIGINT`` handler):
+    as PID 1 of a PID namespace it then receives from inside only the signals it catches,
+    none, so the program cannot end (or interrupt) its judge by any way of signalling."""
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
 
 
 def silence() -> None:
@@ -448,12 +497,20 @@ def init(config: dict[str, Any], iso: dict[str, Any]) -> NoReturn:
     child = os.fork()
     if child == 0:
         worker(config, iso)
+    catch_no_signals()
     while True:  # as PID 1 we also reap orphans; stop when the worker is done
         pid, status = os.wait()
         if pid == child:
             break
     _report(config["report_fd"], {"exit": _exit_record(status)})
     os._exit(0)
+
+
+def in_cgroups(name: str, count: int) -> bool:
+    """Whether ``/proc/self/cgroup`` shows this process in a cgroup called ``name`` in
+    ``count`` hierarchies (the check behind "limited for the whole program")."""
+    with open("/proc/self/cgroup") as lines:
+        return sum(line.rstrip("\n").endswith("/" + name) for line in lines) == count
 
 
 def read_config(fd: int) -> dict[str, Any]:
@@ -474,10 +531,14 @@ def main() -> None:
     joined = os.environ.pop(CGROUP_VAR, None)  # bwrap: the shell that started it joined
     if joined == "1":
         iso["cgroup"] = config.get("cgroup_controllers") or []
+    elif joined is not None:
+        iso["cgroup_error"] = "the shell that starts bubblewrap is not in the run's cgroup"
     elif config.get("cgroup_procs") and config["level"] != "bwrap":
         try:
             for procs in config["cgroup_procs"]:
                 namespaces.write_file(procs, str(os.getpid()))
+            if not in_cgroups(config["cgroup_name"], len(config["cgroup_procs"])):
+                raise OSError("/proc/self/cgroup does not show the run's cgroup")
             iso["cgroup"] = config.get("cgroup_controllers") or []
         except OSError as error:
             iso["cgroup_error"] = str(error)

@@ -11,12 +11,16 @@ The decisions live in :mod:`~pytest_modelbench.scheduling.policy` (pure, simulat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_modelbench.scheduling.costs import JobSource
 from pytest_modelbench.workers import is_worker
+
+if TYPE_CHECKING:  # xdist loads only in sessions that use it
+    from xdist.remote import Producer
+    from xdist.scheduler.protocol import Scheduling
 
 
 class ModelbenchDist:
@@ -39,7 +43,9 @@ class ModelbenchDist:
         return self._active() and config.getvalue("dist") == "load"
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+    def pytest_xdist_make_scheduler(
+        self, config: pytest.Config, log: Producer
+    ) -> Scheduling | None:
         if not self.wanted(config):
             return None
         # xdist is imported only when a distributed session asks for a scheduler

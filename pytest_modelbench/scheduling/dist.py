@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import pytest
 from xdist.remote import Producer
 from xdist.report import report_collection_diff
-from xdist.workermanage import parse_tx_spec_config
+from xdist.workermanage import WorkerController, parse_tx_spec_config
 
 from pytest_modelbench.scheduling.costs import JobSource
 from pytest_modelbench.scheduling.policy import (
@@ -33,14 +32,14 @@ class ModelAffinityScheduling:
     def __init__(
         self,
         config: pytest.Config,
-        log: Any = None,
+        log: Producer | None = None,
         *,
         jobs: JobSource,
         settings: PolicySettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.numnodes = len(parse_tx_spec_config(config))
-        self.node2collection: dict[Any, list[str]] = {}
+        self.node2collection: dict[WorkerController, list[str]] = {}
         self.collection: list[str] | None = None
         self.config = config
         if log is None:
@@ -55,11 +54,11 @@ class ModelAffinityScheduling:
 
     # -- Scheduling protocol: state --------------------------------------------------------------
     @property
-    def nodes(self) -> list[Any]:
+    def nodes(self) -> list[WorkerController]:
         return self.policy.workers
 
     @property
-    def node2pending(self) -> dict[Any, list[int]]:
+    def node2pending(self) -> dict[WorkerController, list[int]]:
         return {node: self.policy.pending_indices(node) for node in self.policy.workers}
 
     @property
@@ -79,11 +78,11 @@ class ModelAffinityScheduling:
         return self.policy.has_pending
 
     # -- Scheduling protocol: events ---------------------------------------------------------------
-    def add_node(self, node: Any) -> None:
+    def add_node(self, node: WorkerController) -> None:
         assert node not in self.policy.workers
         self.policy.add_worker(node, self._clock(), _node_key(node))
 
-    def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+    def add_node_collection(self, node: WorkerController, collection: Sequence[str]) -> None:
         assert node in self.policy.workers
         if self.collection_is_completed:
             # a node added later (one died): it must have collected the same items
@@ -100,7 +99,7 @@ class ModelAffinityScheduling:
 
     def mark_test_complete(
         self,
-        node: Any,
+        node: WorkerController,
         item_index: int,
         duration: float = 0,  # noqa: ARG002  # xdist protocol; the policy times items by its clock
     ) -> None:
@@ -113,12 +112,14 @@ class ModelAffinityScheduling:
         self.policy.add_jobs([self._jobs.job(self.collection.index(item), item)])
         self._step(self._clock())
 
-    def remove_pending_tests_from_node(self, node: Any, indices: Sequence[int]) -> None:
+    def remove_pending_tests_from_node(
+        self, node: WorkerController, indices: Sequence[int]
+    ) -> None:
         now = self._clock()
         self._sync_shutdowns()
         self._apply(self.policy.stolen(node, list(indices), now))
 
-    def remove_node(self, node: Any) -> str | None:
+    def remove_node(self, node: WorkerController) -> str | None:
         crashed = self.policy.remove_worker(node)
         self._step(self._clock())
         if crashed is None:
@@ -159,15 +160,15 @@ class ModelAffinityScheduling:
     def _apply(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
-                node: Any = action.worker
+                node: WorkerController = action.worker
                 self.log("send", node.gateway.id, list(action.indices))
                 node.send_runtest_some(list(action.indices))
             elif isinstance(action, Steal):
-                victim: Any = action.victim
+                victim: WorkerController = action.victim
                 self.log("steal", victim.gateway.id, list(action.indices))
                 victim.send_steal(list(action.indices))
             elif isinstance(action, Shutdown):
-                worker: Any = action.worker
+                worker: WorkerController = action.worker
                 worker.shutdown()
 
     def _same_collections(self) -> bool:
@@ -190,7 +191,7 @@ class ModelAffinityScheduling:
         return same
 
 
-def _node_key(node: Any) -> str | None:
+def _node_key(node: WorkerController) -> str | None:
     """Workers of one ``--tx`` group run on one node: the group's spec without the worker id
     (``popen`` workers of ``-n`` all share the local node)."""
     spec = getattr(getattr(node, "gateway", None), "spec", None)

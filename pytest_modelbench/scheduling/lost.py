@@ -11,12 +11,17 @@ its node, and items that nobody is left to run fail as "not run" instead of stop
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:  # xdist loads only in sessions that use it
+    from xdist.dsession import DSession
+    from xdist.scheduler.protocol import Scheduling
+    from xdist.workermanage import WorkerController
 
-def where(node: Any) -> str:
+
+def where(node: WorkerController) -> str:
     """``node HOST`` for a worker started through ``serving.remote``, else ``this node``."""
     # lazily: only a lost worker needs the serving package (pytest start-up)
     from pytest_modelbench.serving.remote import host_of
@@ -32,19 +37,21 @@ class LostWorkers:
 
     def __init__(self) -> None:
         self._reasons: dict[str, str] = {}  # worker id -> why xdist saw it go down
-        self._held: dict[int, Any] = {}  # collection index -> the lost worker that held it
-        self._dsession: Any = None  # xdist's controller, once the session starts
+        self._held: dict[
+            int, WorkerController
+        ] = {}  # collection index -> the lost worker that held it
+        self._dsession: DSession | None = None  # xdist's controller, once the session starts
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        dsession: Any = session.config.pluginmanager.get_plugin("dsession")
+        dsession: DSession | None = session.config.pluginmanager.get_plugin("dsession")
         restart = getattr(dsession, "_clone_node", None)  # xdist's worker restart (private)
         if dsession is None or restart is None:
             return
         config = session.config
         self._dsession = dsession
 
-        def restart_or_go_on(node: Any) -> Any:
+        def restart_or_go_on(node: WorkerController) -> WorkerController | None:
             try:
                 return restart(node)
             except Exception as exc:  # execnet: OSError, EOFError, HostNotFound (ssh exited)
@@ -57,7 +64,9 @@ class LostWorkers:
 
         dsession._clone_node = restart_or_go_on
 
-    def _fail_orphans(self, config: pytest.Config, dsession: Any, lost: Any) -> None:
+    def _fail_orphans(
+        self, config: pytest.Config, dsession: DSession, lost: WorkerController
+    ) -> None:
         orphans = getattr(dsession.sched, "orphans", None)
         for index, nodeid in orphans() if orphans is not None else ():
             holder = self._held.get(index)
@@ -80,7 +89,7 @@ class LostWorkers:
             config.hook.pytest_runtest_logreport(report=report)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: object) -> None:
+    def pytest_testnodedown(self, node: WorkerController, error: object) -> None:
         if not error:
             return
         self._reasons[node.gateway.id] = str(error)
@@ -89,7 +98,12 @@ class LostWorkers:
         self._held.update(dict.fromkeys(pending, node))
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:  # noqa: ARG002
+    def pytest_handlecrashitem(
+        self,
+        crashitem: str,
+        report: pytest.TestReport,
+        sched: Scheduling,  # noqa: ARG002  # xdist's hook passes it
+    ) -> None:
         node = getattr(report, "node", None)
         if node is None:
             return

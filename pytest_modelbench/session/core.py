@@ -32,14 +32,25 @@ from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
-from pytest_modelbench.store.records import PROPERTY_PREFIX
+from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runstore import ItemStore, RunStore, find_latest_run, new_run_id
+from pytest_modelbench.store.runlog import find_latest_run
+from pytest_modelbench.store.runstore import ItemStore, RunStore, new_run_id
 from pytest_modelbench.store.verdict import GateVerdict
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from types import FrameType
+
+    from _pytest.junitxml import _NodeReporter
+    from xdist.workermanage import WorkerController
+
+    from pytest_modelbench.backends.protocol import Backend
+    from pytest_modelbench.evaluation.evaluate import ItemEvaluator
+    from pytest_modelbench.gating.baselines import BaselineBook
+    from pytest_modelbench.gating.early import StopRule
+    from pytest_modelbench.serving.exchange import Exchange
+    from pytest_modelbench.serving.pool import ServerPool
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
 ITEM_PROPERTY = PROPERTY_PREFIX + "item"
@@ -57,11 +68,12 @@ class ModelbenchSession:
         self._plan: Plan | None = None
         self._plan_error: str | None = None
         self._run_dir: Path | None = None
-        self._evaluator: Any = None
-        self._server_pool: Any = None  # serving.ServerPool, made by the first that needs it
+        self._evaluator: ItemEvaluator | None = None
+        self._server_pool: ServerPool | None = None  # made by the first that needs it
         self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
-        self._exchange: Any = None  # controller: serving.exchange.Exchange (False: none)
-        self._book: Any = None
+        self._exchange: Exchange | None = None  # controller, several nodes: lends servers
+        self._exchange_started = False  # whether the exchange was decided on (and started)
+        self._book: BaselineBook | None = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.records: list[EvalResult] = []  # controller: one per finished item
@@ -409,7 +421,7 @@ class ModelbenchSession:
         ]
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
+    def pytest_configure_node(self, node: WorkerController) -> None:
         """xdist controller → worker: every worker writes the same run directory; with
         several nodes, every worker gets the session's exchange (replicas across nodes)."""
         if self.active:
@@ -423,16 +435,16 @@ class ModelbenchSession:
                 exchange.book.worker_up(node.gateway.id)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any) -> None:
+    def pytest_testnodedown(self, node: WorkerController) -> None:
         """A worker exited: helpers stop waiting for it (replicas across nodes)."""
-        if self._exchange:
+        if self._exchange is not None:
             self._exchange.book.worker_down(node.gateway.id)
 
-    def _node_exchange(self) -> Any:
+    def _node_exchange(self) -> Exchange | None:
         """The exchange of a session whose ``--tx`` groups span several nodes (started once),
         else None."""
-        if self._exchange is None:
-            self._exchange = False
+        if not self._exchange_started:
+            self._exchange_started = True
             if os.environ.get(NO_REPLICAS_ENV):
                 return None
             # lazily: loaded only when this runs, not at every pytest start-up
@@ -450,7 +462,7 @@ class ModelbenchSession:
                     reporter.write_line(f"modelbench: replicas across nodes are off: {exc}")
                 return None
             self._exchange = exchange
-        return self._exchange or None
+        return self._exchange
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "mb_item" not in metafunc.fixturenames:
@@ -487,19 +499,35 @@ class ModelbenchSession:
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import BaselineBook
-            from pytest_modelbench.session.terminal import write_plan, write_planned_setups
+            from pytest_modelbench.session.terminal import (
+                write_expected_examples,
+                write_plan,
+                write_planned_setups,
+            )
 
-            write_plan(session.config, self._selected, self.backend_for)
+            planned = write_plan(session.config, self._selected, self.backend_for)
             parent, _ = self._run_parent()
             book = BaselineBook(
                 self.options.config_dir / "baselines",
                 parent,
                 baseline_run=self.options.baseline_run,
+                baseline_model=self.options.baseline_model,
+                allow_unfinished=self.options.allow_unfinished_baseline,
+                stop_early=self.options.stop_early,
             )  # reads baseline files and reference runs only
             write_planned_setups(session.config, self._selected, book)
+            if self.options.stop_early:
+                book.family = self.holm_family
+                write_expected_examples(
+                    session.config,
+                    self._selected,
+                    planned,
+                    lambda item: self._planned_rule(book, item),
+                    lambda item: self._tested(item, book),
+                )
 
     # -- evaluation (worker side) ------------------------------------------------------------
-    def evaluator(self) -> Any:
+    def evaluator(self) -> ItemEvaluator:
         if self._evaluator is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.evaluation.endpoints import EndpointManager
@@ -525,7 +553,7 @@ class ModelbenchSession:
                 self._evaluator.stop_rule_for = self._stop_rule
         return self._evaluator
 
-    def _stop_rule(self, item: PlannedItem, metric: str) -> Any:
+    def _stop_rule(self, item: PlannedItem, metric: str) -> StopRule | None:
         """``--mb-stop-early``: the item's stop rule from its baseline (early decisions at
         alpha / m under Holm)."""
         # lazily: loaded only when this runs, not at every pytest start-up
@@ -535,7 +563,27 @@ class ModelbenchSession:
         rollouts = item.variant.rollouts_per_example
         return self.baseline_book().stop_rule(ref, metric, self.holm_family, rollouts)
 
-    def server_pool(self) -> Any:
+    def _planned_rule(self, book: BaselineBook, item: PlannedItem) -> StopRule | bool | None:
+        """``--collect-only --mb-stop-early``: the item's stop rule; False where its backend runs
+        its own loop to the end, None where no rule applies or the variant is broken (the run
+        will say why)."""
+        backend = self.backend_for(item.variant.module)
+        if backend is None or not getattr(backend, "stops_early", False):
+            return False
+        try:
+            metric = backend.primary_metric(item)
+        except ModelbenchUsageError:  # the plan must print even when one variant is broken
+            return None
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.gating.baselines import ItemRef
+
+        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
+        try:
+            return book.stop_rule(ref, metric, self.holm_family, item.variant.rollouts_per_example)
+        except ModelbenchUsageError:  # a broken baseline file fails its items when they run
+            return None
+
+    def server_pool(self) -> ServerPool:
         """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
         if self._server_pool is None:
             # lazily: loaded only when this runs, not at every pytest start-up
@@ -584,13 +632,15 @@ class ModelbenchSession:
             min(item.model.serve.gpus if item.model.serve is not None else 1 for item in selected)
         )
 
-    def backend_for(self, module: str) -> Any:
-        backend = self.config.hook.pytest_modelbench_make_backend(config=self.config, module=module)
+    def backend_for(self, module: str) -> Backend | None:
+        backend: Backend | None = self.config.hook.pytest_modelbench_make_backend(
+            config=self.config, module=module
+        )
         if backend is None:
             self.check_module(module, "module")
         return backend
 
-    def baseline_book(self) -> Any:
+    def baseline_book(self) -> BaselineBook:
         if self._book is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import BaselineBook
@@ -654,12 +704,12 @@ class ModelbenchSession:
             self._holm_family = max(1, sum(map(self._tested, self._selected or self.plan.items)))
         return self._holm_family
 
-    def _tested(self, item: PlannedItem) -> bool:
+    def _tested(self, item: PlannedItem, book: BaselineBook | None = None) -> bool:
         """Whether an item's gate is a statistical test (a value or a reference run)."""
         if self.options.baseline_run:
             return True
         try:
-            entries = self.baseline_book().entries(item.model_name)
+            entries = (book or self.baseline_book()).entries(item.model_name)
         except ModelbenchUsageError:  # broken file: its items fail; count them (conservative)
             return True
         spec = entries.get(item.variant.id) or entries.get(item.env)
@@ -688,8 +738,9 @@ class ModelbenchSession:
             items = store.read_manifest().get("items") or {}
             for item_id in sorted(self._in_flight):
                 entry = items.get(item_id)
-                if isinstance(entry, dict) and entry.get("status") == "running":
-                    store.update_item(item_id, status="interrupted")
+                status = ItemStatus.of(entry.get("status")) if isinstance(entry, dict) else None
+                if status is ItemStatus.RUNNING:
+                    store.update_item(item_id, status=ItemStatus.INTERRUPTED)
 
     def record_error(self, node: pytest.Item, item: PlannedItem, message: str) -> None:
         result = EvalResult(
@@ -723,7 +774,7 @@ class ModelbenchSession:
             self.records.append(result)
         if first or report.failed:
             self.outcomes[result.item_id] = report.outcome
-        if pending_status(report) is not None:  # announced when Holm's final step decides it
+        if pending_status(report, result) is not None:  # announced when Holm decides it
             waiting = PendingItem(report, _junit_entry(self.config, report))
             self._pending.setdefault(result.item_id, []).append(waiting)
         elif first:
@@ -754,7 +805,9 @@ class ModelbenchSession:
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
         """An item waiting for Holm's final step shows as ``HOLM-PENDING``, not ``PASSED``."""
-        return pending_status(report) if self.options.correction == "holm" else None
+        if self.options.correction != "holm" or report.when != "call" or not report.passed:
+            return None
+        return pending_status(report, self._result_of(report))
 
     def _announce_finished(self, result: EvalResult) -> None:
         """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items
@@ -770,7 +823,7 @@ class ModelbenchSession:
                 f"{type(exc).__name__}: {redact(str(exc))[:300]}"
             )
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.records:
             return
         # lazily: loaded only when this runs, not at every pytest start-up
@@ -836,7 +889,7 @@ class ModelbenchSession:
             self._evaluator.endpoints.close(interrupted=interrupted)
         elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
             self._server_pool.close(lend=not interrupted)  # (or serve another node's item)
-        if self._exchange:
+        if self._exchange is not None:
             self._exchange.close()
         if is_worker(self.config) or not self.records:
             return
@@ -901,7 +954,7 @@ class ModelbenchSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> Any:
+def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> _NodeReporter | None:
     """pytest's JUnit entry of a test (``--junitxml``), or None."""
     # lazily: only sessions with an item waiting for Holm get here
     from _pytest.junitxml import xml_key
@@ -928,7 +981,7 @@ def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
     return None
 
 
-def _env_args_refusal(backend: Any, item: PlannedItem) -> str | None:
+def _env_args_refusal(backend: Backend | None, item: PlannedItem) -> str | None:
     """The backend's own complaint about the item's env args, or None when it accepts them
     (or cannot check them before running: the verifiers and lm-eval backends)."""
     suite = getattr(backend, "suite", None)  # built-in suites and jsonl

@@ -23,7 +23,8 @@ from pytest_modelbench.scheduling.tokens import ObservedTokens, read_tokens, wri
 from pytest_modelbench.session.core import SESSION_KEY
 from pytest_modelbench.session.lastfailed import LastFailedRecorder
 from pytest_modelbench.store.records import PROPERTY_PREFIX
-from pytest_modelbench.store.runstore import ItemStore, resolve_run_ref
+from pytest_modelbench.store.runlog import resolve_run_ref
+from pytest_modelbench.store.runstore import ItemStore
 from pytest_modelbench.workers import is_worker
 
 FLUSH_S = 2.0  # the memories are written at most this often while items finish

@@ -12,14 +12,18 @@ modelbench's crash-proof one), pytest-html and the exit code. Reports, trackers 
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_modelbench.store.records import PROPERTY_PREFIX
+from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.verdict import Verdict
+
+if TYPE_CHECKING:  # pytest's JUnit plugin loads only with --junitxml
+    from _pytest.junitxml import _NodeReporter
 
 PENDING = "holm-pending"  # the terminal category of an item waiting for Holm's final step
 VERDICT_PROPERTY = PROPERTY_PREFIX + "verdict"
@@ -30,7 +34,7 @@ class PendingItem:
     """An item Holm has yet to decide: its call report, and the JUnit entry made from it."""
 
     report: pytest.TestReport
-    junit: Any = None  # a _pytest.junitxml node reporter, when --junitxml is on
+    junit: _NodeReporter | None = None  # pytest's JUnit entry, when --junitxml is on
 
 
 def holm_decision(p_value: float, alpha: float, family: int) -> bool | None:
@@ -43,33 +47,37 @@ def holm_decision(p_value: float, alpha: float, family: int) -> bool | None:
     return None
 
 
-def pending_status(report: pytest.TestReport) -> tuple[str, str, str] | None:
-    """The terminal's (category, letter, word) of a passed call that waits for Holm."""
-    if report.when != "call" or not report.passed:
+def pending_status(
+    report: pytest.TestReport, result: EvalResult | None
+) -> tuple[str, str, str] | None:
+    """The terminal's (category, letter, word) of a passed call whose item's saved record
+    (``result``) waits for Holm."""
+    if report.when != "call" or not report.passed or result is None or not result.gate_deferred:
         return None
-    for name, value in report.user_properties:
-        if name == VERDICT_PROPERTY:
-            return (PENDING, "h", "HOLM-PENDING") if str(value).endswith("pending)") else None
-    return None
+    return (PENDING, "h", "HOLM-PENDING")
 
 
 def settle(
-    config: pytest.Config, session: pytest.Session, item: PendingItem, verdict: str, message: str
+    config: pytest.Config,
+    session: pytest.Session,
+    item: PendingItem,
+    verdict: Verdict,
+    message: str,
 ) -> None:
     """Give a waiting item its final verdict (``pass`` or ``fail``) everywhere."""
     report = item.report
     report.user_properties = [
-        (name, verdict if name == VERDICT_PROPERTY else value)
+        (name, verdict.value if name == VERDICT_PROPERTY else value)
         for name, value in report.user_properties
     ]
-    failed = verdict != "pass"
+    failed = verdict.failed
     if failed:
         report.outcome = "failed"
         report.longrepr = message
         session.testsfailed += 1
     _terminal(config, report, "failed" if failed else "passed")
-    _junit(config, item, verdict, message if failed else None)
-    _pytest_html(config, report, verdict, message if failed else None)
+    _junit(config, item, verdict.value, message if failed else None)
+    _pytest_html(config, report, message if failed else None)
     if failed:
         _lastfailed(config, report)
 
@@ -116,12 +124,10 @@ def _lastfailed(config: pytest.Config, report: pytest.TestReport) -> None:
             plugin.pytest_runtest_logreport(report)
 
 
-def _pytest_html(
-    config: pytest.Config, report: pytest.TestReport, verdict: str, failure: str | None
-) -> None:
+def _pytest_html(config: pytest.Config, report: pytest.TestReport, failure: str | None) -> None:
     """pytest-html rendered the test at teardown, as waiting; its data get the final verdict:
-    the outcome here, the modelbench cells and paragraph re-rendered by ``modelbench-html``
-    from the record saved with that verdict."""
+    the outcome here, the modelbench cells (the verdict among them) and paragraph re-rendered by
+    ``modelbench-html`` from the record saved with that verdict."""
     columns = config.pluginmanager.get_plugin("modelbench-html")
     for plugin in config.pluginmanager.get_plugins():
         data = getattr(getattr(plugin, "_report", None), "data", None)
@@ -129,10 +135,7 @@ def _pytest_html(
         if not isinstance(data, dict) or "tests" not in data or not isinstance(outcomes, dict):
             continue
         for test in data["tests"].get(report.nodeid, []):
-            cells = [
-                re.sub(r">[^<>]*\(Holm pending\)<", f">{verdict}<", cell)
-                for cell in test.get("resultsTableRow", [])
-            ]
+            cells = list(test.get("resultsTableRow", []))
             if failure is not None:
                 test["result"] = "Failed"
                 cells = [cell.replace(">Passed<", ">Failed<") for cell in cells]

@@ -12,7 +12,8 @@ from pytest_modelbench.scheduling.tokens import ESTIMATED, TokenMemory, read_tok
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
+    from pytest_modelbench.gating.baselines import BaselineBook
     from pytest_modelbench.planning.item import PlannedItem
 
 
@@ -32,13 +33,15 @@ def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
 
 def write_plan(
     config: pytest.Config, items: Sequence[PlannedItem], backend_for: Callable[[str], Any]
-) -> None:
+) -> dict[str, int]:
     """The dry-run plan: one line per item with its example count, tokens per example and
     estimated tokens, and where the tokens per example come from: ``observed`` in an earlier
-    run (``scheduling/tokens.py``) or ``estimated`` from the suite's static figure."""
+    run (``scheduling/tokens.py``) or ``estimated`` from the suite's static figure. Returns
+    each item's example count (before rollouts; an item whose data is broken is left out)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
-        return
+        return {}
+    planned: dict[str, int] = {}
     observed = TokenMemory(read_tokens(config))  # one cache read, then lookups
     rows = [["item", "model", "variant", "seed", "examples", "tokens/ex", "est. tokens", "from"]]
     total_examples = total_tokens = from_runs = 0
@@ -62,6 +65,7 @@ def write_plan(
             cells = [item.item_id, item.model_name, item.variant.id, str(item.seed), "?"]
             rows.append([*cells, "", "", f"({count})"])
             continue
+        planned[item.item_id] = count
         count *= item.variant.rollouts_per_example
         known = observed.per_example(item)
         per_example, source = known or (backend.tokens_per_example(), ESTIMATED)
@@ -91,6 +95,55 @@ def write_plan(
         f"{len(items)} items, {len(models)} model(s) ({', '.join(models)}), "
         f"{total_examples:,} examples, ~{total_tokens:,} tokens{seen}"
     )
+    return planned
+
+
+def write_expected_examples(
+    config: pytest.Config,
+    items: Sequence[PlannedItem],
+    planned: dict[str, int],
+    rule_for: Callable[[PlannedItem], Any],
+    gated: Callable[[PlannedItem], bool],
+) -> None:
+    """``--collect-only --mb-stop-early``: per gated item, the examples its stop rule is
+    expected to read if the score equals the baseline and if it collapses to 0
+    (:func:`~pytest_modelbench.gating.early.expected_examples`). ``rule_for`` gives an item's
+    rule, None where none applies, False where its backend runs its own loop."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    # lazily: only --mb-stop-early plans load the sequential tests
+    from pytest_modelbench.gating.early import expected_examples
+
+    lines = []
+    for item in items:
+        count = planned.get(item.item_id)
+        rule = rule_for(item) if count else None
+        if rule is False and count and gated(item):
+            lines.append(f"  {item.item_id}: runs its own loop to the end ({count:,} examples)")
+        if not rule or not count:
+            continue
+        expected = expected_examples(rule, count, item.variant.rollouts_per_example)
+        equal = (
+            "the reference's mean (replies independent of the reference's)"
+            if rule.paired
+            else f"the baseline {rule.baseline:.3f}"
+        )
+        at_baseline = (
+            f"~{round(expected.at_baseline):,}"
+            if expected.at_baseline is not None
+            else "not simulated (the plan's simulation budget is spent)"
+        )
+        lines.append(
+            f"  {item.item_id}: {at_baseline} of {count:,} examples if it "
+            f"scores {equal}; {expected.collapsed:,} if it collapses to 0"
+        )
+    if lines:
+        reporter.write_line(
+            "--mb-stop-early: expected examples per gated item (simulated from its rule):"
+        )
+        for line in lines:
+            reporter.write_line(line)
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -170,7 +223,9 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
             )
 
 
-def write_planned_setups(config: pytest.Config, items: Sequence[PlannedItem], book: Any) -> None:
+def write_planned_setups(
+    config: pytest.Config, items: Sequence[PlannedItem], book: BaselineBook
+) -> None:
     """``--collect-only``: the items whose baseline was measured under another setup than the
     one planned, as far as the plan knows it (serving args, GPU count, weights, chat template,
     sampling, budget; not the engine's version or the GPU model, known once a server runs)."""

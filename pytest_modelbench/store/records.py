@@ -14,6 +14,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any, TypedDict
 
 JOURNAL_ROW_VERSION = 1  # the "v" field of every journal row
@@ -24,6 +25,34 @@ RULE_USED = "stop_rule"  # the key of the rule that read an item while it ran
 METADATA_VERSION = 1
 MANIFEST_VERSION = 1
 PROPERTY_PREFIX = "mb_"
+
+
+class TextEnum(str, Enum):
+    """An enum whose members are their text: written to files and shown as their value
+    (``enum.StrEnum`` from Python 3.11; this works on 3.10 too)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class ItemStatus(TextEnum):
+    """Where an item stands in the run store (its manifest entry's and summary's ``status``)."""
+
+    RUNNING = "running"  # begun; its journal is being written
+    FINISHED = "finished"  # summarised: its results stand
+    ERROR = "error"  # stopped by an error (or over its error budget)
+    INTERRUPTED = "interrupted"  # stopped mid-way (Ctrl-C, a timeout, a killed session)
+
+    @classmethod
+    def of(cls, value: Any) -> ItemStatus | None:
+        """The status a file holds, or None (absent or unknown)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
 
 
 class JournalRow(TypedDict, total=False):
@@ -114,7 +143,7 @@ class ItemMetadata:
 class ManifestEntry:
     """An item's entry in ``run_manifest.json`` (merged into what is there, under a lock)."""
 
-    status: str  # "running", "finished" or "error"
+    status: ItemStatus
     fingerprint: str | None
     model: str
     env: str
@@ -133,7 +162,7 @@ class ManifestEntry:
     def running(cls, metadata: ItemMetadata) -> ManifestEntry:
         variant = metadata.variant
         return cls(
-            status="running",
+            status=ItemStatus.RUNNING,
             fingerprint=metadata.fingerprint,
             model=str(metadata.model.get("name")),
             env=str(variant.get("env")),
@@ -149,7 +178,7 @@ class ManifestEntry:
         """The entry of a finished (or over-budget) item with this summary."""
         metric = summary.get("primary_metric")
         return cls(
-            status=str(summary.get("status")),
+            status=ItemStatus.of(summary.get("status")) or ItemStatus.ERROR,
             fingerprint=summary.get("fingerprint"),
             model=model,
             env=env,

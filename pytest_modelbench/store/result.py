@@ -21,10 +21,7 @@ from pytest_modelbench.store.files import atomic_write_json, read_json
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runstore import RESULT, ItemStore
 from pytest_modelbench.store.setup import SetupRecord
-from pytest_modelbench.store.verdict import GateVerdict
-
-HOLM_PENDING = " (Holm pending)"  # suffix of a verdict --mb-correction holm decides at the end
-ERROR = "error"  # the status of an item that has no result (its evaluation failed)
+from pytest_modelbench.store.verdict import GateVerdict, Verdict
 
 
 @dataclass(frozen=True)
@@ -59,17 +56,17 @@ class EvalResult:
     SCHEMA_VERSION: ClassVar[int] = 1
 
     @property
-    def status(self) -> str:
+    def status(self) -> Verdict:
         """``pass``, ``fail``, ``undecidable``, ``no baseline`` or ``error``: the final verdict."""
         if self.error is not None:
-            return ERROR
-        return str(self.verdict.status) if self.verdict is not None else "no baseline"
+            return Verdict.ERROR
+        return self.verdict.status if self.verdict is not None else Verdict.NO_BASELINE
 
     @property
     def verdict_text(self) -> str:
-        """:attr:`status` as reports show it, with :data:`HOLM_PENDING` while
+        """:attr:`status` as reports show it, with ``(Holm pending)`` while
         ``--mb-correction holm`` has yet to decide it."""
-        return f"{self.status}{HOLM_PENDING}" if self.gate_deferred else self.status
+        return self.status.text(pending=self.gate_deferred)
 
     @property
     def message(self) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 from filelock import FileLock
 
-from pytest_modelbench.errors import ModelbenchUsageError, one_of
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.store.files import (
     StoreWriteError,
@@ -25,11 +24,13 @@ from pytest_modelbench.store.files import (
     link_or_copy,
     read_json,
 )
+from pytest_modelbench.store.item_rows import ItemRows
 from pytest_modelbench.store.journal import Journal
 from pytest_modelbench.store.records import (
     MANIFEST_VERSION,
     SUMMARY_VERSION,
     ItemMetadata,
+    ItemStatus,
     ManifestEntry,
 )
 
@@ -71,10 +72,20 @@ class ItemStore:
         return read_json(self.metadata_path)
 
     # -- bookkeeping: item files and manifest entry together ---------------------------------
-    def begin(self, metadata: ItemMetadata) -> None:
-        """Before the first request: the resolved configuration, and the entry as running."""
+    def begin(self, metadata: ItemMetadata, *, start_over: str | None = None) -> None:
+        """Before the first request: the resolved configuration, and the entry as running.
+        ``start_over`` (why: ``stale``, ``forced``): the journal is moved aside and the summary
+        removed first, so the item starts from nothing."""
+        if start_over is not None:
+            self.journal.discard(start_over)
+            self.clear_summary()
         atomic_write_json(self.metadata_path, metadata.to_json())
         self._manifest(ManifestEntry.running(metadata))
+
+    def open_rows(self) -> ItemRows:
+        """The item's journal for its run, repaired, with the units already done (resume);
+        closed by the caller before it summarises the rows and finishes the item."""
+        return ItemRows.open(self.journal)
 
     def finish(self, summary: dict[str, Any], entry: ManifestEntry) -> None:
         """The keys the summary covers (taken out of ``summary``), the item's summary, then its
@@ -109,13 +120,13 @@ class ItemStore:
     def fail(self, error: str) -> None:
         """Best effort, while another failure is being reported: mark the entry as errored."""
         with suppress(OSError, TimeoutError):
-            self._manifest_fields(status="error", error=error)
+            self._manifest_fields(status=ItemStatus.ERROR, error=error)
 
     def interrupted(self) -> None:
         """Best effort, while the item is being stopped (Ctrl-C, pytest-timeout's failure):
         its entry says ``interrupted``, never ``running`` (its journal keeps what finished)."""
         with suppress(OSError, TimeoutError):
-            self._manifest_fields(status="interrupted")
+            self._manifest_fields(status=ItemStatus.INTERRUPTED)
 
     def settle(self, entry: ManifestEntry, known: Mapping[str, Any] | None) -> None:
         """Repair the manifest entry of a finished item when ``known`` (the entry as last read)
@@ -183,7 +194,9 @@ class RunStore:
         if not isinstance(items, dict):
             return set()
         return {
-            k for k, v in items.items() if isinstance(v, dict) and v.get("status") == "finished"
+            k
+            for k, v in items.items()
+            if isinstance(v, dict) and ItemStatus.of(v.get("status")) is ItemStatus.FINISHED
         }
 
     @contextmanager
@@ -223,25 +236,6 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def find_latest_run(parent: Path, run_name: str, restart_from: str | None = None) -> Path | None:
-    """The most recently created run directory under ``parent`` whose manifest has ``run_name``
-    (and, given ``restart_from``, that was seeded from that run, so ``--restart`` continues it)."""
-    if not parent.is_dir():
-        return None
-    best: tuple[str, Path] | None = None
-    for manifest_path in parent.glob(f"*/{MANIFEST}"):
-        manifest = read_json(manifest_path) or {}
-        if manifest.get("run_name") != run_name:
-            continue
-        if restart_from is not None and manifest.get("restart_from") != Path(restart_from).name:
-            continue
-        created = str(manifest.get("created_at", ""))
-        key = (created, manifest_path.parent)
-        if best is None or key > best:
-            best = key
-    return best[1] if best else None
-
-
 def new_run_id(parent: Path, run_name: str) -> str:
     """``<run_name>-<YYYYmmdd-HHMMSS>``, with a counter when that exists already."""
     base = f"{safe_component(run_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -250,23 +244,3 @@ def new_run_id(parent: Path, run_name: str) -> str:
         n += 1
         candidate = f"{base}-{n}"
     return candidate
-
-
-def resolve_run_ref(parent: Path, ref: str, this_run: Path | None = None) -> Path:
-    """The run directory ``--restart REF`` names: a run id under ``parent``, or a directory path."""
-    given = Path(ref).expanduser()
-    candidates = [given] if given.is_absolute() else [parent / ref, given.absolute()]
-    for candidate in candidates:
-        if (candidate / MANIFEST).is_file():
-            if this_run is not None and candidate.resolve() == this_run.resolve():
-                raise ModelbenchUsageError(
-                    f"--restart {ref}: that is the run being written ({this_run}); "
-                    "name an older run, or drop --restart to continue this one"
-                )
-            return candidate
-    runs = sorted(p.parent.name for p in parent.glob(f"*/{MANIFEST}")) if parent.is_dir() else []
-    raise ModelbenchUsageError(
-        f"--restart {ref}: no run directory {candidates[0]} (no {MANIFEST} there); "
-        f"runs under {parent}: {one_of(runs)}. Give a run id from there "
-        "or the path of a run directory"
-    )

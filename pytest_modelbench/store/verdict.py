@@ -11,7 +11,44 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pytest_modelbench.store.records import TextEnum
+
 NO_BASELINE = "none"  # the rule of an item gated against nothing
+
+
+class Verdict(TextEnum):
+    """An item's final verdict, as every report shows it (its value is the text written)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    UNDECIDABLE = "undecidable"  # the data cannot decide; it passes
+    NO_BASELINE = "no baseline"  # nothing to gate against
+    ERROR = "error"  # the item has no result: its evaluation failed
+
+    @property
+    def failed(self) -> bool:
+        """Whether the item fails the run (a failed gate or an error)."""
+        return self in (Verdict.FAIL, Verdict.ERROR)
+
+    @property
+    def rank(self) -> int:
+        """How bad it is, for the worst verdict of a group (fail > error > pass > the rest)."""
+        return _RANK[self]
+
+    def text(self, pending: bool = False) -> str:
+        """As reports show it: ``fail (Holm pending)`` while ``--mb-correction holm`` has yet
+        to decide it."""
+        return f"{self.value}{HOLM_PENDING}" if pending else self.value
+
+
+HOLM_PENDING = " (Holm pending)"  # suffix of a verdict --mb-correction holm decides at the end
+_RANK = {
+    Verdict.FAIL: 4,
+    Verdict.ERROR: 3,
+    Verdict.PASS: 2,
+    Verdict.UNDECIDABLE: 1,
+    Verdict.NO_BASELINE: 1,
+}
 
 
 @dataclass(frozen=True)
@@ -85,20 +122,20 @@ class GateVerdict:
     SCHEMA_VERSION: ClassVar[int] = 2
 
     @property
-    def status(self) -> str:
+    def status(self) -> Verdict:
         """``pass``, ``fail``, ``undecidable`` or ``no baseline`` (the report's verdict column)."""
         if self.rule == NO_BASELINE:
-            return "no baseline" if self.passed else "fail"
+            return Verdict.NO_BASELINE if self.passed else Verdict.FAIL
         if self.undecidable and self.passed:
-            return "undecidable"
-        return "pass" if self.passed else "fail"
+            return Verdict.UNDECIDABLE
+        return Verdict.PASS if self.passed else Verdict.FAIL
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (for ``user_properties``, JUnit and ``summary.json``)."""
         data = dataclasses.asdict(self)
         data["worse_ids"] = list(self.worse_ids)
         data["better_ids"] = list(self.better_ids)
-        data["status"] = self.status
+        data["status"] = self.status.value
         data["schema_version"] = self.SCHEMA_VERSION
         return data
 

@@ -14,8 +14,6 @@ import asyncio
 import json
 import os
 import shlex
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -23,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+
+from pytest_modelbench.testing.process import SimProcess, SimProcessError
 
 
 @dataclass(frozen=True)
@@ -99,21 +99,18 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _spawn_server(flags: str) -> tuple[subprocess.Popen[str], str, float | None]:
-    """Start the simulator CLI with ``flags``; return it, its base URL and the ideal s/request."""
+def _spawn_server(flags: str) -> tuple[SimProcess, float | None]:
+    """Start the simulator CLI with ``flags``; return it and the ideal seconds per request."""
     # lazily: only with --serve
     from pytest_modelbench.testing.cli import build_parser
 
     args = build_parser().parse_args(shlex.split(flags))
-    command = [sys.executable, "-m", "pytest_modelbench.testing.simserver", *shlex.split(flags)]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert server.stdout is not None
-    url = server.stdout.readline().strip()
-    if not url:
-        server.wait()
-        raise SystemExit(f"simserver exited with {server.returncode} before printing its URL")
+    try:
+        server = SimProcess(shlex.split(flags))
+    except SimProcessError as exc:
+        raise SystemExit(str(exc)) from None
     per_request = args.latency / args.slots if args.latency_dist == "fixed" else None
-    return server, url, per_request
+    return server, per_request
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,11 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.base_url is None) == (args.serve is None):
         parser.error("give either a base URL or --serve FLAGS")
-    server: subprocess.Popen[str] | None = None
+    server: SimProcess | None = None
     per_request: float | None = None
     url = args.base_url
     if args.serve is not None:
-        server, url, per_request = _spawn_server(args.serve)
+        server, per_request = _spawn_server(args.serve)
+        url = server.base_url
 
     async def go() -> None:
         if args.warmup:
@@ -163,8 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(go())
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
+            server.stop()
     return 0
 
 

@@ -20,7 +20,8 @@ class SimConfig:
     ``latency`` also accepts a number of seconds (fixed) and ``faults`` /
     ``latency`` a mapping of their fields, so ``SimConfig(latency=0.05,
     faults={"error_5xx": 0.1})`` works from kwargs and the command line.
-    ``accuracy_overrides`` gives some keys their own accuracy; ``seed`` seeds
+    ``accuracy_overrides`` gives some keys their own accuracy, ``latency_overrides`` their
+    own fixed latency in seconds (one slow question, say); ``seed`` seeds
     the fault and latency draws (the answer policy depends only on each
     request's own ``seed``); ``log_path`` appends every request as JSONL.
 
@@ -42,6 +43,7 @@ class SimConfig:
     accuracy: float = 1.0
     lookup: Lookup = field(default_factory=dict)
     accuracy_overrides: Mapping[str, float] = field(default_factory=dict)
+    latency_overrides: Mapping[str, float] = field(default_factory=dict)
     fallback: str = FALLBACK_TEXT
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
@@ -78,6 +80,9 @@ class SimConfig:
         for key, accuracy in [("accuracy", self.accuracy), *self.accuracy_overrides.items()]:
             if not 0.0 <= accuracy <= 1.0:
                 raise ValueError(f"SimConfig: accuracy for {key!r} is {accuracy!r}; use [0, 1]")
+        for key, seconds in self.latency_overrides.items():
+            if not seconds >= 0.0:
+                raise ValueError(f"SimConfig: latency for {key!r} is {seconds!r}; use >= 0")
 
     @property
     def policy(self) -> AnswerPolicy:

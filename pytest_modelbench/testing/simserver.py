@@ -422,7 +422,10 @@ class SimServer:
                     outcome = "timeout"
 
         choices, completion_tokens, thoughts = self._completions(keys, seed, body, chat)
-        await self._hold_slot(pending, config.latency.sample(u_latency, completion_tokens))
+        delay = config.latency_overrides.get(keys[0]) if config.latency_overrides else None
+        if delay is None:
+            delay = config.latency.sample(u_latency, completion_tokens)
+        await self._hold_slot(pending, delay)
 
         if kind == "5xx":
             self._record(pending, "5xx", status)

@@ -183,3 +183,33 @@ def test_a_stopped_item_is_not_reused_under_another_baseline(qa: tuple[Project, 
     summary = _summary(project)
     assert summary["stop_rule"] != first["rule_key"]
     assert summary.get("stopped_early", {}).get("rule_key") != first["rule_key"]
+
+
+def test_collect_only_shows_the_examples_each_item_is_expected_to_use(
+    qa: tuple[Project, Any],
+) -> None:
+    """The plan says, per gated item, how many examples its rule is expected to read if the
+    score equals the baseline and if it collapses; the collapse figure is the real run's
+    stopping point, and nothing is sent while planning. Without the flag: no such line."""
+    project, server = qa
+    args = ["benchmarks/", "--model", "alpha", "--collect-only"]
+    plain = project.pytester.runpytest(*args)
+    assert "expected examples" not in plain.stdout.str()
+    result = project.pytester.runpytest(*args, "--mb-stop-early")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "--mb-stop-early: expected examples per gated item (simulated from its rule):",
+            f"  alpha-qa-seed0: ~* of {N} examples if it scores the baseline 0.650; "
+            "* if it collapses to 0",
+        ]
+    )
+    assert _completions(server) == 0
+    line = next(x for x in result.stdout.lines if x.startswith("  alpha-qa-seed0: ~"))
+    at_baseline = int(line.split("~")[1].split(" ")[0])
+    collapsed = int(line.split("; ")[1].split(" ")[0])
+    # at the baseline a side is certain in at most alpha + alpha / 5 of the runs (Ville):
+    # on average the rule reads nearly every example
+    assert (1 - 0.06) * N <= at_baseline <= N
+    project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-stop-early")
+    assert _summary(project)["stopped_early"]["n_used"] == collapsed  # the server scores 0

@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_modelbench.running.runner import request_seed
-from pytest_modelbench.testing.reqlog import RequestRecord
-from pytest_modelbench.testing.simconfig import SimConfig
-from tests.reliability.faultmatrix import (
+from pytest_modelbench.testing.faultmatrix import (
     ENVS,
     SCENARIOS,
     Audit,
@@ -31,6 +29,8 @@ from tests.reliability.faultmatrix import (
     run_outage,
     subprocess_run,
 )
+from pytest_modelbench.testing.reqlog import RequestRecord
+from pytest_modelbench.testing.simconfig import SimConfig
 
 EXPECTED_FAULTS = {
     "e5xx": {"5xx"},

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from pytest_modelbench.cli import main, run_status
+from pytest_modelbench.cli import main
+from pytest_modelbench.store.records import ItemStatus
 from pytest_modelbench.store.result import EvalResult
+from pytest_modelbench.store.runlog import RunStatus, run_status
 from pytest_modelbench.store.runstore import ItemStore
 from tests.conftest import Project, configure
 from tests.reports.conftest import craft_run
@@ -160,13 +162,11 @@ def test_runs_lists_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_run_status_running_when_recently_updated() -> None:
     now = dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
-    manifest = {"updated_at": "2025-01-01T11:58:00+0000", "items": {"a": {"status": "running"}}}
-    assert run_status(manifest, 0, now) == "running"
-    assert (
-        run_status({**manifest, "updated_at": "2025-01-01T10:00:00+0000"}, 0, now) == "interrupted"
-    )
-    assert run_status({"items": {"a": {"status": "finished"}}}, 1, now) == "failed"
-    assert run_status({}, 0, now) == "empty"
+    running = [(ItemStatus.RUNNING, False)]
+    assert run_status(running, "2025-01-01T11:58:00+0000", now) is RunStatus.RUNNING
+    assert run_status(running, "2025-01-01T10:00:00+0000", now) is RunStatus.INTERRUPTED
+    assert run_status([(ItemStatus.FINISHED, True)], None, now) is RunStatus.FAILED
+    assert run_status([], None, now) is RunStatus.EMPTY
 
 
 def test_an_error_never_leaves_a_stale_verdict_in_the_store(

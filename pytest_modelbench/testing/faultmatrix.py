@@ -11,7 +11,7 @@ with the server's answer, or reported as an error (never silently wrong), and
 ``summary.json`` counts both; nothing finished is lost; a re-run asks only for what
 is missing.
 
-Shared by ``tests/reliability`` (which asserts on the audits) and
+Shared by the test suite's reliability tests (which assert on the audits) and
 ``perf/fault_matrix.py`` (which prints them as a table).
 """
 
