@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_modelbench.reporting.model import load_run
+from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import masked_url
 from pytest_modelbench.store.records import ItemStatus
 from pytest_modelbench.store.runlog import RunNotFound, list_runs, read_run, resolve_run
@@ -305,25 +304,24 @@ def fetch_models(base_url: str, api_key: str | None, timeout: float) -> list[dic
             "in an environment variable and name it with --api-key-var"
         )
     url = base_url.rstrip("/") + "/models"
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    headers = {"Accept": "application/json"}
     if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:  # through HTTP(S)_PROXY when set: the user's server may sit behind one
+        reply = blocking.request(url, headers=headers, timeout_s=timeout, direct=False)
+    except blocking.Unreachable as exc:
+        raise CliError(
+            f"cannot reach {url}: {exc.reason} (is the server running? check --api-base-url)"
+        ) from None
+    if reply.status >= 400:
         hint = {
             401: "set the key's variable with --api-key-var VAR",
             403: "the key is not allowed to list models",
             404: "is the path right? OpenAI-compatible servers serve /v1/models "
             f"(try --api-base-url {base_url.rstrip('/')}/v1)",
-        }.get(exc.code, "check the server log")
-        raise CliError(f"GET {url}: HTTP {exc.code} {exc.reason}; {hint}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(
-            f"cannot reach {url}: {reason} (is the server running? check --api-base-url)"
-        ) from None
+        }.get(reply.status, "check the server log")
+        raise CliError(f"GET {url}: HTTP {reply.status} {reply.reason}; {hint}")
+    body = reply.body
     try:
         data = json.loads(body)
         models = data["data"]

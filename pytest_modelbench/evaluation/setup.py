@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_modelbench.planning.fingerprint import digest, model_identity
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.serving.process import http_get
+from pytest_modelbench.running import blocking
 from pytest_modelbench.store.setup import SetupRecord
 
 # serving args that only place, size or label the server: they cannot change an answer
@@ -149,7 +149,7 @@ def reported_version(base_urls: Iterable[str]) -> str | None:
     ``{"version": "0.11.0"}``; None when nothing answers it."""
     for base in base_urls:
         root = base.rstrip("/").removesuffix("/v1")
-        answer = http_get(f"{root}/version", timeout_s=5.0)
+        answer = blocking.get(f"{root}/version", timeout_s=5.0)
         if answer is None or answer[0] != 200:
             continue
         with contextlib.suppress(ValueError):

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from pytest_modelbench.processes import kill_group
 from pytest_modelbench.sandbox import bwrap
 from pytest_modelbench.sandbox.cgroups import CONTROLLERS, ProgramCgroup, cgroup_base
 from pytest_modelbench.sandbox.judge import guard_asserts
@@ -54,7 +55,6 @@ from pytest_modelbench.sandbox.namespaces import (
 )
 from pytest_modelbench.sandbox.processes import (
     TOKEN_VAR,
-    kill_group,
     receive_all,
     sweep,
     tail,

@@ -1,16 +1,18 @@
-"""The launcher's processes seen from the host: waiting without reaping, killing the group and
-leftovers, reading what they wrote (output tails, the report socket)."""
+"""The launcher's processes seen from the host: waiting without reaping, killing leftovers
+(through :mod:`pytest_modelbench.processes`), reading what they wrote (output tails, the
+report socket)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import select
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from pytest_modelbench.processes import kill_marked
 
 TOKEN_VAR = "MODELBENCH_SANDBOX_TOKEN"
 
@@ -72,27 +74,6 @@ def wait_unreaped(process: subprocess.Popen[bytes], timeout: float) -> bool:
         delay = min(delay * 2, 0.02)
 
 
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def sweep(token: str) -> None:
     """Kill leftovers that carry this execution's token (when no cgroup or PID namespace)."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    for _ in range(20):
-        found = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ:
-                found = True
-                with contextlib.suppress(OSError):
-                    os.kill(int(entry), signal.SIGKILL)
-        if not found:
-            return
-        time.sleep(0.02)
+    kill_marked(f"{TOKEN_VAR}={token}".encode())

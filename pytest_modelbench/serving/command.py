@@ -15,8 +15,8 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from pytest_modelbench.running import blocking
 from pytest_modelbench.serving.base import LaunchSpec
-from pytest_modelbench.serving.process import http_get
 from pytest_modelbench.serving.server import EngineServer, engine_env
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class CommandEngine:
             return render_command(spec.command, {**values, "port": str(port)})
 
         def ready(root: str) -> bool:
-            answer = http_get(f"{root}{health}")
+            answer = blocking.get(f"{root}{health}")
             return answer is not None and answer[0] == 200
 
         return EngineServer(

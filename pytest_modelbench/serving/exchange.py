@@ -23,9 +23,10 @@ still running on another:
 
 A keeper that stops calling for ``SILENT_S`` is taken as gone: its leases are released. A
 helper that stops calling for as long is taken as dead, and so is its server (a start may
-take its launch's timeout first). Every call carries the
-session's token (a bearer header); the controller listens on loopback unless a node is
-reached over the network.
+take its launch's timeout first). The controller listens on loopback unless a node is
+reached over the network, and always over TLS from a CA made for the session
+(``serving/tls.py``): both sides show a certificate of that CA, whose material reaches the
+workers over xdist's channel, and every call's bearer token travels encrypted.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ import random
 import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import remember
+from pytest_modelbench.serving.tls import SessionTls, session_tls
 
 SILENT_S = 30.0  # a party that has not called for this long is gone
 DEFAULT_START_S = 900.0  # a helper's start that says no timeout may take this long
@@ -102,12 +103,14 @@ def client_from(
     if not host and given.get("networked"):
         ssh = environ.get("SSH_CONNECTION", "").split()
         host = ssh[0] if ssh else str(given.get("host") or "")
+    tls = given.get("tls")
     return ExchangeClient(
         host or "127.0.0.1",
         int(given["port"]),
         str(given["token"]),
         str(given["server_key"]),
         local=bool(given.get("local")),
+        tls=SessionTls.of(tls) if isinstance(tls, Mapping) else None,
     )
 
 
@@ -329,11 +332,15 @@ class Exchange:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: Any = None
+        self._tls: tuple[SessionTls, SessionTls] | None = None  # (exchange's, workers')
 
     def start(self) -> None:
+        """Make the session's CA and serve; OSError (:class:`TlsUnavailable` among them) when
+        it cannot."""
         # lazily: only multi-node sessions serve the exchange
         from pytest_modelbench.running.router import start_loop
 
+        self._tls = session_tls()
         self._loop, self._thread = start_loop("modelbench-exchange", self._serve)
 
     def workerinput(self, spec: str) -> dict[str, Any]:
@@ -349,6 +356,7 @@ class Exchange:
             "port": self.port,
             "token": self.token,
             "server_key": self.server_key,
+            "tls": self._tls[1].fields() if self._tls is not None else None,
         }
 
     async def _serve(self) -> None:
@@ -357,17 +365,19 @@ class Exchange:
         server = web.Server(self._handle, access_log=None)
         runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
+        assert self._tls is not None
+        tls = self._tls[0].server_context()
         if self.host is None:  # every interface, IPv4 and IPv6, on one port
             from pytest_modelbench.serving.process import free_port
 
             try:
-                site = web.TCPSite(runner, None, free_port("0.0.0.0"))
+                site = web.TCPSite(runner, None, free_port("0.0.0.0"), ssl_context=tls)
                 await site.start()
             except OSError:  # no IPv6 here, or the port was taken meanwhile
-                site = web.TCPSite(runner, "0.0.0.0", 0)
+                site = web.TCPSite(runner, "0.0.0.0", 0, ssl_context=tls)
                 await site.start()
         else:
-            site = web.TCPSite(runner, self.host, 0)
+            site = web.TCPSite(runner, self.host, 0, ssl_context=tls)
             await site.start()
         self._runner = runner
         self.port = int(runner.addresses[0][1])
@@ -440,10 +450,6 @@ def _url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
-# Calls reach the controller directly even when the user has HTTP(S)_PROXY set.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 class ExchangeClient:
     """A worker's calls to the exchange; a call that fails returns None (replicas only help).
     After ``FAILURES`` in a row every later one does too, without calling: the failure is kept
@@ -451,10 +457,20 @@ class ExchangeClient:
     otherwise cost a timeout per step)."""
 
     def __init__(
-        self, host: str, port: int, token: str, server_key: str, *, local: bool = False
+        self,
+        host: str,
+        port: int,
+        token: str,
+        server_key: str,
+        *,
+        local: bool = False,
+        tls: SessionTls | None = None,
     ) -> None:
-        """``local``: every node of the session is this one (servers stay on loopback)."""
-        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        """``local``: every node of the session is this one (servers stay on loopback).
+        ``tls``: the workers' material from the session's CA (calls go over https)."""
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        self._context = tls.client_context() if tls is not None else None
         self._token = token
         self.server_key = server_key
         self.local = local
@@ -464,15 +480,19 @@ class ExchangeClient:
     def call(self, name: str, **body: Any) -> dict[str, Any] | None:
         if self.failure is not None:  # unreachable once: replicas across nodes are off
             return None
-        request = urllib.request.Request(
-            f"{self.url}/{name}",
-            data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with _OPENER.open(request, timeout=CALL_TIMEOUT_S) as response:
-                answer = json.loads(response.read())
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        try:  # direct, even when the user has HTTP(S)_PROXY set
+            reply = blocking.request(
+                f"{self.url}/{name}",
+                method="POST",
+                headers=headers,
+                data=json.dumps(body).encode(),
+                timeout_s=CALL_TIMEOUT_S,
+                context=self._context,
+            )
+            if reply.status >= 400:
+                raise OSError(f"HTTP Error {reply.status}: {reply.reason}")
+            answer = json.loads(reply.body)
         except (OSError, ValueError) as exc:
             self._failures += 1
             if self._failures >= FAILURES:

@@ -1,8 +1,9 @@
 """Which GPUs this process may use, and host-local claims so that no two workers share one.
 
 Discovery is a chain of small providers, first answer wins: ``--gpus`` → the caller's
-``CUDA_VISIBLE_DEVICES`` → the hardware probe (``nvidia-smi``, or the fake one named by
-``MODELBENCH_FAKE_GPUS`` / passed in by tests) → none. Each returns a list or ``None``
+``CUDA_VISIBLE_DEVICES`` → the hardware probe (NVML through ``nvidia-ml-py``; ``nvidia-smi``
+only when NVML cannot load; or the fake one named by ``MODELBENCH_FAKE_GPUS`` / passed in by
+tests) → none. Each returns a list or ``None``
 ("no opinion"); a malformed environment variable warns and is ignored. Whatever the source,
 a GPU outside the caller's ``CUDA_VISIBLE_DEVICES`` is never used, and GPUs whose memory is
 already in use by another process are skipped with a warning.
@@ -33,6 +34,7 @@ from types import TracebackType
 from typing import Protocol
 
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
+from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.serving.base import ServingError
 from pytest_modelbench.serving.handover import held, lock_exclusive
 from pytest_modelbench.serving.holders import (
@@ -51,6 +53,7 @@ __all__ = [
     "FakeGpuProvider",
     "Gpu",
     "GpuClaim",
+    "GpuClaimer",
     "GpuInventory",
     "GpuProvider",
     "GpuSpecError",
@@ -815,3 +818,107 @@ def warn_if_tensor_parallel(gpus_per_server: int, model: str | None = None) -> N
     message = tensor_parallel_warning(gpus_per_server, model)
     if message:
         warnings.warn(GpuWarning(message), stacklevel=3)
+
+
+class GpuClaimer:
+    """One worker's GPUs: claimed once for servers of ``n`` GPUs (again when ``n`` changes),
+    extra claims of the GPUs its session gave back (replicas), and at the end given back to
+    the session (or released, outside a session). The one owner of the worker's claim."""
+
+    def __init__(self, option: str | None = None, session: str | None = None) -> None:
+        """``option``: ``--gpus``; ``session``: the pytest session's id (None: no sharing)."""
+        self.option = option
+        self.session = session
+        self.held: GpuClaim | None = None
+        self._tp_warned: set[str] = set()
+
+    @property
+    def cpu(self) -> bool:
+        """Whether the worker holds a claim that serves on the CPU (the host has no GPU)."""
+        return self.held is not None and self.held.cpu
+
+    def gpus(self, n: int, model: str) -> tuple[str, ...]:
+        """This worker's GPUs for a server of ``n`` GPUs (claimed once, re-claimed when ``n``
+        changes); warns once per model when the server would span several. No free GPU:
+        :class:`NoFreeGpuError` when workers of this session hold them (share or wait),
+        else an :class:`EvaluationError`; a bad ``--gpus`` is a usage error."""
+        gpus = self.claimed(n)
+        if len(gpus) > 1 and model not in self._tp_warned:
+            self._tp_warned.add(model)
+            warn_if_tensor_parallel(len(gpus), model)
+        return gpus
+
+    def claimed(self, n: int) -> tuple[str, ...]:
+        """:meth:`gpus` without the tensor-parallel warning."""
+        if self.held is None or len(self.held.gpus) not in (0, n):
+            if self.held is not None:
+                self.held.release()
+                self.held = None
+            try:
+                self.held = self._claim(n)
+            except NoFreeGpuError as exc:
+                if self.session is not None and held_by_session(exc.taken, self.session):
+                    raise  # workers of this session hold them: share a server, or wait
+                raise EvaluationError(str(exc)) from None  # another session's: fail at once
+            except ServingError as exc:
+                raise EvaluationError(str(exc)) from None
+        # an empty claim: the host has no GPU (busy GPUs raise NoFreeGpuError), which the
+        # session's header says once (session.core), not a warning per worker
+        return tuple(self.held.gpus)
+
+    def reserve(self, n: int) -> None:
+        """Claim GPUs for servers of ``n`` GPUs now, before any item runs, so that a worker
+        that ends up with nothing to run gives them back to its session (for replicas). A
+        claim that fails here is tried again, and reported, by the first item."""
+        if self.held is not None:
+            return
+        with contextlib.suppress(GpuSpecError, ServingError):
+            self.held = claim(
+                n, option=self.option, warn_tensor_parallel=False, session=self.session
+            )
+
+    def try_claim(self, n: int) -> tuple[str, ...]:
+        """One quiet attempt (busy GPUs are skipped without a warning) while the worker waits
+        for a GPU to come free; :class:`ServingError` when none is."""
+        self.held = self._claim(n, warn_busy=False)
+        return tuple(self.held.gpus)
+
+    def spare(self, n: int) -> GpuClaim | None:
+        """A claim of ``n`` GPUs this session gave back (for a replica), or None."""
+        assert self.session is not None
+        given_back = session_gpus(self.session)
+        if len(given_back) < n:
+            return None
+        try:
+            found = claim(
+                n,
+                option=",".join(given_back),
+                warn_tensor_parallel=False,
+                warn_busy=False,
+                session=self.session,
+            )
+        except (GpuSpecError, ServingError):  # taken meanwhile, or busy: look again later
+            return None
+        return None if found.cpu else found
+
+    def close(self) -> None:
+        """Give the worker's GPUs back to its session (for replicas), or release them."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        if self.session is not None:
+            held.give_back(self.session)
+        else:
+            held.release()
+
+    def _claim(self, n: int, *, warn_busy: bool = True) -> GpuClaim:
+        try:
+            return claim(
+                n,
+                option=self.option,
+                warn_tensor_parallel=False,
+                warn_busy=warn_busy,
+                session=self.session,
+            )
+        except GpuSpecError as exc:
+            raise ModelbenchUsageError(str(exc)) from None  # names --gpus and the value

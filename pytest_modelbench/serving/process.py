@@ -19,28 +19,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from pytest_modelbench.processes import terminate_group
+from pytest_modelbench.running import blocking
 from pytest_modelbench.serving.base import ServerStartError
 
-__all__ = [
-    "ServerProcess",
-    "death_cause",
-    "free_port",
-    "group_members",
-    "http_get",
-    "log_tail",
-    "terminate_group",
-]
+__all__ = ["ServerProcess", "death_cause", "free_port", "log_tail", "port_is_free"]
 
 LOG_TAIL_LINES = 40
 _PORT_IN_USE = ("Address already in use", "[Errno 98]", "address already in use")
-
-# Probes must reach 127.0.0.1 directly even when the user has HTTP(S)_PROXY set.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -59,20 +48,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
-
-
-def http_get(
-    url: str, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None
-) -> tuple[int, bytes] | None:
-    """``(status, body)`` of a GET, or None when nothing answers."""
-    try:
-        request = urllib.request.Request(url, headers=dict(headers or {}))
-        with _OPENER.open(request, timeout=timeout_s) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), b""
-    except (OSError, ValueError):
-        return None
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
@@ -119,59 +94,6 @@ def death_cause(log_text: str, wrappers: Sequence[str] = ()) -> str | None:
     return cause
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: all we can tell is whether the group exists
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            return [pgid]
-        return [pgid]
-    members = []
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(os.path.join(entry.path, "stat"), "rb") as fh:
-                stat = fh.read().decode("ascii", errors="replace")
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
-            members.append(int(entry.name))
-    return members
-
-
-def terminate_group(
-    pgid: int, grace_s: float = 15.0, leader: subprocess.Popen[bytes] | None = None
-) -> None:
-    """SIGTERM the process group, wait up to ``grace_s`` for it to empty, then SIGKILL it."""
-
-    def gone() -> bool:
-        if leader is not None and leader.poll() is None:
-            return False
-        return not group_members(pgid)
-
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        except PermissionError:  # pragma: no cover - the group was reused by someone else
-            break
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            if gone():
-                return
-            time.sleep(0.05)
-    if leader is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable (D state)
-            leader.wait(timeout=1.0)
-
-
 ReadyProbe = Callable[[str], bool]
 
 
@@ -199,7 +121,7 @@ def _ctrl_c_raises() -> Iterator[None]:
 
 def health_probe(root_url: str) -> bool:
     """Ready when ``GET /health`` answers 200."""
-    result = http_get(f"{root_url}/health")
+    result = blocking.get(f"{root_url}/health")
     return result is not None and result[0] == 200
 
 

@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_modelbench.running import blocking
 from pytest_modelbench.serving.base import cpu_or_gpus
 from pytest_modelbench.serving.process import (
     ServerProcess,
     death_cause,
-    http_get,
     log_tail,
     port_is_free,
 )
@@ -48,10 +48,10 @@ def engine_env(
 
 def serves_model(root_url: str, served_name: str, headers: Mapping[str, str]) -> bool:
     """``/health`` answers 200 and ``/v1/models`` lists ``served_name`` (*our* server there)."""
-    health = http_get(f"{root_url}/health")
+    health = blocking.get(f"{root_url}/health")
     if health is None or health[0] != 200:
         return False
-    models = http_get(f"{root_url}/v1/models", headers=headers)
+    models = blocking.get(f"{root_url}/v1/models", headers=headers)
     if models is None or models[0] != 200:
         return False
     try:

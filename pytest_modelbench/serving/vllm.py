@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from pytest_modelbench.running import blocking
 from pytest_modelbench.serving.base import (
     EngineNotInstalledError,
     LaunchSpec,
@@ -29,7 +30,6 @@ from pytest_modelbench.serving.base import (
 from pytest_modelbench.serving.process import (
     ServerProcess,
     death_cause,
-    http_get,
     log_tail,
     port_is_free,
 )
@@ -341,10 +341,10 @@ class VllmServer:
     # -- internals ----------------------------------------------------------------------
 
     def _ready(self, root_url: str) -> bool:
-        health = http_get(f"{root_url}/health")
+        health = blocking.get(f"{root_url}/health")
         if health is None or health[0] != 200:
             return False
-        models = http_get(f"{root_url}/v1/models", headers=self._auth)  # *our* server there?
+        models = blocking.get(f"{root_url}/v1/models", headers=self._auth)  # *our* server there?
         if models is None or models[0] != 200:
             return False
         try:

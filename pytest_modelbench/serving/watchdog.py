@@ -6,7 +6,8 @@ Started next to every server (in its own session, so Ctrl-C aimed at pytest does
 it). It polls twice a second: when the server group has ended it exits; when the parent
 (pytest or an xdist worker) has died, even by SIGKILL, it sends SIGTERM to the group, waits
 ``--grace`` seconds, then SIGKILL. SIGTERM to the watchdog itself means "stand down".
-It imports only the standard library and :mod:`.process`, so it starts fast.
+It imports only the standard library and :mod:`pytest_modelbench.processes`, so it starts
+fast.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from pytest_modelbench.serving.process import group_members
+from pytest_modelbench.processes import group_members, terminate_group
 
 
 class _StandDown(Exception):
@@ -43,19 +44,6 @@ def parent_alive(parent_pid: int, direct_child: bool) -> bool:
     return True
 
 
-def kill_group(pgid: int, grace_s: float) -> None:
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            if not group_members(pgid):
-                return
-            time.sleep(0.1)
-
-
 def watch(parent_pid: int, pgid: int, interval_s: float = 0.5, grace_s: float = 15.0) -> str:
     """Block until the group ends (``"group-ended"``) or the parent dies (``"killed"``)."""
     direct_child = os.getppid() == parent_pid
@@ -63,7 +51,7 @@ def watch(parent_pid: int, pgid: int, interval_s: float = 0.5, grace_s: float = 
         if not group_members(pgid):
             return "group-ended"
         if not parent_alive(parent_pid, direct_child):
-            kill_group(pgid, grace_s)
+            terminate_group(pgid, grace_s, poll_s=0.1)
             return "killed"
         time.sleep(interval_s)
 

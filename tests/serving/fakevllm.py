@@ -9,6 +9,7 @@ the ``FAKE_VLLM_*`` variables).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ def install(
     """The fake vLLM, a benchmark module and a ``qa`` environment under ``root``; the start log."""
     fake = write_fake_vllm(root)
     log = root / "servers.jsonl"
-    monkeypatch.setenv("PYTHONPATH", str(fake))
+    current = os.environ.get("PYTHONPATH")  # the package under test may come from there
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake), current])))
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     monkeypatch.setenv("FAKE_VLLM_REQUESTS", str(root / "requests.jsonl"))
     monkeypatch.setenv("TMPDIR", str(root))  # private GPU lock directory

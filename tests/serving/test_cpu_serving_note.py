@@ -23,7 +23,7 @@ def test_an_empty_claim_is_no_warning(tmp_path: Path, monkeypatch: pytest.Monkey
     pool = ServerPool(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert pool._claimed(1) == ()
+        assert pool.gpus.claimed(1) == ()
 
 
 def test_the_header_says_models_are_served_on_the_cpu(

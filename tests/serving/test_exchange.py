@@ -3,16 +3,19 @@ a real two-node xdist run with fake GPUs and a fake vLLM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import ssl
 import sys
-import urllib.error
-import urllib.request
+import threading
 import warnings
 from pathlib import Path
 
 import pytest
 
+from pytest_modelbench.running import blocking
 from pytest_modelbench.serving.exchange import (
     WORKERINPUT_KEY,
     Exchange,
@@ -22,6 +25,7 @@ from pytest_modelbench.serving.exchange import (
     client_from,
     tx_nodes,
 )
+from pytest_modelbench.serving.tls import SessionTls, session_tls
 from pytest_modelbench.testing import read_log
 from tests.serving.fakevllm import starts
 from tests.serving.test_multihost import FAKE_SSH, FORWARDED
@@ -150,7 +154,7 @@ def test_the_exchange_answers_only_with_the_session_token() -> None:
     try:
         given = exchange.workerinput("popen")
         client = client_from({WORKERINPUT_KEY: given}, {})
-        assert client is not None and client.url.startswith("http://127.0.0.1:")
+        assert client is not None and client.url.startswith("https://127.0.0.1:")
         exchange.book.worker_up("gw0")
         assert client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1) == {
             "starting": 0,
@@ -164,12 +168,18 @@ def test_the_exchange_answers_only_with_the_session_token() -> None:
         assert answer is not None  # the URL is the address the helper called from
         assert answer["ready"] == [{"id": job["id"], "url": "http://127.0.0.1:8123/v1"}]
 
-        request = urllib.request.Request(
-            f"{client.url}/want", data=b"{}", method="POST", headers={"Authorization": "x"}
+        wrong_token = ExchangeClient(
+            "127.0.0.1", exchange.port, "x", "k" * 16, tls=SessionTls.of(given["tls"])
         )
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=5)
-        assert refused.value.code == 403
+        assert wrong_token.call("want") is None  # HTTP 403
+        refused = blocking.request(
+            f"{client.url}/want",
+            method="POST",
+            headers={"Authorization": "x"},
+            data=b"{}",
+            context=SessionTls.of(given["tls"]).client_context(),
+        )
+        assert refused.status == 403
         assert client.call("nonsense") is None and client.failure is None  # one is no outage
     finally:
         exchange.close()
@@ -300,12 +310,13 @@ def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
 
 
 def test_an_unreachable_exchange_is_reported_once_and_not_called_again(tmp_path: Path) -> None:
-    from pytest_modelbench.serving.pool import ReplicaWarning, ServerPool, _RemoteServer
+    from pytest_modelbench.serving.pool import ServerPool
     from pytest_modelbench.serving.process import free_port
+    from pytest_modelbench.serving.replica_policy import RemoteServer, ReplicaWarning
 
     client = ExchangeClient("127.0.0.1", free_port(), "t", "k" * 16)
     pool = ServerPool(tmp_path, session="s", exchange=client)
-    lent = _RemoteServer("lease", "http://10.0.0.2:1/v1", pool)
+    lent = RemoteServer("lease", "http://10.0.0.2:1/v1", pool.replicas)
     for _ in range(2):  # a blip is not the end
         assert client.call("serve", helper="gw1", node="b", gpus=1) is None
     assert client.failure is None and lent.is_alive()
@@ -321,3 +332,80 @@ def test_an_unreachable_exchange_is_reported_once_and_not_called_again(tmp_path:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pool.report_replicas()  # once
+
+
+# -- TLS from the session's CA ---------------------------------------------------------------
+
+
+class Relay:
+    """A TCP relay that records every byte between a client and the exchange (the wire)."""
+
+    def __init__(self, port: int) -> None:
+        self.wire = bytearray()
+        self._target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                ours, _ = self._listener.accept()
+                theirs = socket.create_connection(("127.0.0.1", self._target))
+                for a, b in ((ours, theirs), (theirs, ours)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                self.wire += data
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_no_token_crosses_the_wire_in_clear_and_clients_without_the_ca_are_refused() -> None:
+    exchange = Exchange()
+    exchange.start()
+    relay = Relay(exchange.port)
+    try:
+        given = exchange.workerinput("popen")
+        exchange.book.worker_up("gw0")
+        client = client_from({WORKERINPUT_KEY: {**given, "port": relay.port}}, {})
+        assert client is not None and client.url.startswith("https://")
+        answer = client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1)
+        assert answer == {"starting": 0, "ready": [], "dead": []}
+        wire = bytes(relay.wire)
+        assert wire[:1] == b"\x16"  # a TLS handshake record opens the connection
+        for secret in (exchange.token, "Bearer", "keeper", "/want"):
+            assert secret.encode() not in wire, secret
+
+        url = f"https://127.0.0.1:{exchange.port}/want"
+        plain = f"http://127.0.0.1:{exchange.port}/want"
+        headers = {"Authorization": f"Bearer {exchange.token}"}
+        ca_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA, shows no certificate
+        ca_only.check_hostname = False
+        ca_only.load_verify_locations(cadata=given["tls"]["ca"])
+        stranger = session_tls()[1]  # a worker's material from another session's CA
+        for context in (ca_only, stranger.client_context()):
+            with pytest.raises(blocking.Unreachable):  # refused at the handshake
+                blocking.request(url, method="POST", headers=headers, data=b"{}", context=context)
+        with pytest.raises(blocking.Unreachable):  # the system's trust: the client refuses
+            blocking.request(url, method="POST", headers=headers, data=b"{}")
+        with pytest.raises(blocking.Unreachable):  # plain HTTP is not answered
+            blocking.request(plain, method="POST", headers=headers, data=b"{}")
+    finally:
+        relay.close()
+        exchange.close()
+
+
+def test_without_cryptography_the_exchange_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # as if not installed
+    exchange = Exchange()
+    with pytest.raises(OSError, match="pip install cryptography"):
+        exchange.start()  # the session reports "replicas across nodes are off: ..."

@@ -3,6 +3,7 @@ node with GPUs modelbench cannot read is an error naming the line, never a silen
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -20,6 +21,7 @@ from pytest_modelbench.serving.gpus import (
     NvmlProvider,
     auto_num_workers,
     claim,
+    discover_gpus,
 )
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi"
@@ -132,3 +134,46 @@ def test_nvml_that_cannot_read_a_gpu_is_an_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([(H100, 0, 0)], fail="memory"))
     with pytest.raises(GpuDiscoveryError, match="NVML: cannot read the node's GPUs"):
         NvmlProvider().gpus()
+
+
+# -- the hardware probe: NVML first, nvidia-smi only when NVML cannot load ------------------
+
+
+@pytest.fixture
+def smi_on_path(gpu_env: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A fake ``nvidia-smi`` first on PATH that answers one GPU and notes each run."""
+    runs = tmp_path / "smi-runs"
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\necho run >> {runs}\necho '0, GPU-from-smi, 1234'\n")
+    script.chmod(0o755)
+    gpu_env.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return runs
+
+
+def test_the_probe_asks_nvml_and_never_runs_nvidia_smi(
+    smi_on_path: Path, gpu_env: pytest.MonkeyPatch
+) -> None:
+    gpu_env.setitem(sys.modules, "pynvml", fake_pynvml([(H100, 480, 0)]))
+    inventory = discover_gpus()
+    assert (inventory.source, inventory.gpus) == ("NVML", (Gpu("0", 480, H100),))
+    assert not smi_on_path.exists()
+
+
+@pytest.mark.parametrize("nvml", ["not installed", "no driver"])
+def test_nvidia_smi_answers_only_when_nvml_cannot_load(
+    smi_on_path: Path, gpu_env: pytest.MonkeyPatch, nvml: str
+) -> None:
+    module = None if nvml == "not installed" else fake_pynvml([], fail="nvmlInit")
+    gpu_env.setitem(sys.modules, "pynvml", module)  # None: the import fails
+    inventory = discover_gpus()
+    assert (inventory.source, inventory.gpus) == ("nvidia-smi", (Gpu("0", 1234, "GPU-from-smi"),))
+    assert smi_on_path.read_text() == "run\n"
+
+
+def test_fake_gpus_bypass_both_probes(smi_on_path: Path, gpu_env: pytest.MonkeyPatch) -> None:
+    gpu_env.setitem(sys.modules, "pynvml", fake_pynvml([(H100, 480, 0)]))
+    gpu_env.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:30000")
+    inventory = discover_gpus()
+    assert (inventory.source, inventory.ids) == ("fake", ("0", "1"))
+    assert not smi_on_path.exists()

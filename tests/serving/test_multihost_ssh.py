@@ -269,22 +269,23 @@ os.execv(sys.executable, [sys.executable, "-m", "vllm.entrypoints.openai.api_ser
 """
 
 
-def held_vllm(root: Path, host: str) -> Path:
+def held_vllm(root: Path, host: str) -> str:
     """``PYTHONPATH`` for node ``host`` whose servers wait for :func:`release` (``HELD_SERVER``)."""
     held = root / f"held-{host}"
     package = held / "vllm" / "entrypoints" / "openai"
     package.mkdir(parents=True)
     for folder in (package.parents[1], package.parents[0], package):
         (folder / "__init__.py").write_text("")
-    fake = str(root / "fakevllm")  # where fakevllm.install put the fake vLLM
+    fake = os.environ["PYTHONPATH"]  # fakevllm.install put the fake vLLM first on it
     (package / "api_server.py").write_text(HELD_SERVER.format(held=str(held), fake=fake))
-    return held
+    return os.pathsep.join([str(held), fake])
 
 
 def waiting(root: Path, host: str) -> dict[str, str]:
     """Node ``host``'s workers whose server is held back, and the model each one serves."""
     held = root / f"held-{host}"
-    return {p.name.removeprefix("waiting-"): p.read_text() for p in held.glob("waiting-gw*")}
+    notes = (p for p in held.glob("waiting-gw*") if p.suffix != ".tmp")  # .tmp: being written
+    return {p.name.removeprefix("waiting-"): p.read_text() for p in notes}
 
 
 def release(root: Path, host: str) -> None:

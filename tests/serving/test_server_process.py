@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_modelbench.processes import group_members
 from pytest_modelbench.serving import ServerStartError, VllmServer
-from pytest_modelbench.serving.process import ServerProcess, group_members
+from pytest_modelbench.serving.process import ServerProcess
 from pytest_modelbench.serving.vllm import VLLM_ENTRYPOINT
 from tests.serving.conftest import pid_alive, requires_proc
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from pytest_modelbench.processes import group_members
 from pytest_modelbench.serving import VllmServer, build_smoke_model
-from pytest_modelbench.serving.process import group_members
 from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS
 from tests.serving.conftest import group_rss_mib, pid_alive, requires_proc
 
