@@ -11,15 +11,28 @@ Standard library only: :mod:`pytest_modelbench.serving` imports this at start-up
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Reply", "Unreachable", "get", "request"]
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the answer: following it would carry the call's credentials (a bearer key)
+    to whatever host, or plain-HTTP URL, the server names."""
+
+    def redirect_request(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+
+_DIRECT = urllib.request.build_opener(_NoRedirect(), urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
@@ -51,14 +64,20 @@ def request(
 ) -> Reply:
     """One request; any HTTP answer (an error status too) is a :class:`Reply`, no answer
     raises :class:`Unreachable`, and so does a body cut short or a TLS handshake refused.
-    ``context``: the TLS context of an ``https://`` call (the default trust otherwise)."""
+    ``context``: the TLS context of an ``https://`` call (the default trust otherwise).
+    A loopback address is always called directly: a proxy cannot reach this machine's
+    loopback, and the call's key would go to the proxy."""
+    direct = direct or _loopback(url)
     if context is not None:
-        handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=context)]
+        handlers: list[urllib.request.BaseHandler] = [
+            _NoRedirect(),
+            urllib.request.HTTPSHandler(context=context),
+        ]
         if direct:
             handlers.append(urllib.request.ProxyHandler({}))
         opener = urllib.request.build_opener(*handlers)
     else:  # the proxy variables as they are now (urllib reads them when an opener is built)
-        opener = _DIRECT if direct else urllib.request.build_opener()
+        opener = _DIRECT if direct else urllib.request.build_opener(_NoRedirect())
     try:
         prepared = urllib.request.Request(
             url, data=data, headers=dict(headers or {}), method=method
@@ -73,8 +92,20 @@ def request(
         return Reply(int(exc.code), str(exc.reason), body)
     except urllib.error.URLError as exc:
         raise Unreachable(str(exc.reason)) from None
-    except (OSError, ValueError) as exc:  # reset, timed out mid-body, unknown URL type
+    # reset, timed out mid-body, unknown URL type; a body cut short, a status line that is not
+    # HTTP (another protocol on the port)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         raise Unreachable(str(exc) or type(exc).__name__) from None
+
+
+def _loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def get(

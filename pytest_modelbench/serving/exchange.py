@@ -470,12 +470,16 @@ class ExchangeClient:
         ``tls``: the workers' material from the session's CA (calls go over https)."""
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-        self._context = tls.client_context() if tls is not None else None
         self._token = token
         self.server_key = server_key
         self.local = local
         self.failure: str | None = None
         self._failures = 0
+        self._context = None
+        try:  # a full or read-only temp dir turns replicas across nodes off, never the items
+            self._context = tls.client_context() if tls is not None else None
+        except OSError as exc:  # ssl.SSLError is one
+            self.failure = f"the session's TLS material could not be loaded ({exc})"
 
     def call(self, name: str, **body: Any) -> dict[str, Any] | None:
         if self.failure is not None:  # unreachable once: replicas across nodes are off

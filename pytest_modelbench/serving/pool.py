@@ -206,7 +206,10 @@ class ServerPool:
                 item.model_name, launch, server, starting=lambda: self.replicas.watch(None)
             )
         except BaseException:
-            self.replicas.stop()
+            try:
+                self.replicas.stop()  # they read the launch: stopped before it is forgotten
+            finally:
+                self.slot.forget_launch()
             raise
         finally:
             self.replicas.starting = None
@@ -318,5 +321,7 @@ class ServerPool:
                 self.replicas.lend()
                 self.replicas.serve_other_nodes(self.stop)
         finally:
-            self.stop(wait_sharers=lend)
-            self.gpus.close()
+            try:
+                self.stop(wait_sharers=lend)
+            finally:  # a second Ctrl-C during the stop still gives the GPUs back
+                self.gpus.close()

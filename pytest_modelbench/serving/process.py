@@ -220,6 +220,9 @@ class ServerProcess:
                 f"{self.label} (pid {pid}) was starting; stopped it and its process group "
                 f"(log: {self.log_path})"
             ) from None
+        except Exception:
+            self.stop()  # whatever failed (an odd probe answer too), the engine does not outlive it
+            raise
 
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

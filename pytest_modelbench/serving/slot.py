@@ -190,20 +190,21 @@ class ServerSlot:
         starting: Callable[[], None] | None = None,
     ) -> None:
         """Start ``server`` (built from ``launch``) and hold it; ``starting`` runs once the
-        launch is known, before the start (replicas may start alongside)."""
+        launch is known, before the start (replicas may start alongside). When it raises,
+        ``launch`` is still set: the caller stops the replicas, then :meth:`forget_launch`."""
         self.launch = launch
         began = time.monotonic()
-        try:
-            if starting is not None:
-                starting()
-            server.start(launch.timeout_s)
-        except BaseException:
-            self.launch = None
-            raise
+        if starting is not None:
+            starting()
+        server.start(launch.timeout_s)
         self.start_s = time.monotonic() - began
         self.starts += 1
         self.server, self.model = server, model
         self.publish()
+
+    def forget_launch(self) -> None:
+        """A start failed: no launch is held (after the replicas that read it have stopped)."""
+        self.launch = None
 
     def adopt(self, model: str, shared: SharedServer) -> None:
         """Hold another worker's server for this worker's items of ``model``."""

@@ -9,6 +9,7 @@ import os
 import socket
 import ssl
 import sys
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -409,3 +410,24 @@ def test_without_cryptography_the_exchange_says_how_to_get_it(
     exchange = Exchange()
     with pytest.raises(OSError, match="pip install cryptography"):
         exchange.start()  # the session reports "replicas across nodes are off: ..."
+
+
+def test_tls_material_that_cannot_be_loaded_turns_replicas_off_not_the_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full or read-only temp directory: the worker's client says why and is never called."""
+    exchange = Exchange()
+    exchange.start()
+    try:
+        given = exchange.workerinput("popen")
+
+        def full(*args: object, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(tempfile, "TemporaryDirectory", full)  # the key file cannot be made
+        client = client_from({WORKERINPUT_KEY: given}, {})
+        assert client is not None
+        assert client.failure is not None and "TLS material" in client.failure
+        assert client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1) is None
+    finally:
+        exchange.close()

@@ -127,4 +127,7 @@ def test_a_failed_start_leaves_the_slot_empty(tmp_path: Path) -> None:
     slot, server = ServerSlot(tmp_path, "gw0"), FakeServer(fail_start=True)
     with pytest.raises(ServerStartError):
         slot.start("m", LAUNCH, server)  # type: ignore[arg-type]
-    assert slot.server is None and slot.launch is None and slot.starts == 0
+    assert slot.server is None and slot.starts == 0
+    assert slot.launch is LAUNCH  # held until the replicas that read it have stopped
+    slot.forget_launch()
+    assert slot.launch is None

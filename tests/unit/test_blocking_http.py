@@ -95,14 +95,58 @@ def test_direct_calls_ignore_the_proxy_and_others_use_it(
     server: tuple[str, list[dict[str, object]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy, seen = server  # the recording server plays the proxy: it sees absolute URLs
-    target = f"http://127.0.0.1:{_dead_port()}/v1/models"
+    target = "http://192.0.2.7:9/v1/models"  # TEST-NET-1: nothing answers there
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("http_proxy", proxy)
     monkeypatch.setenv("HTTP_PROXY", proxy)
-    with pytest.raises(blocking.Unreachable):  # straight to the dead port, not via the proxy
-        blocking.request(target)
+    with pytest.raises(blocking.Unreachable):  # straight to the address, not via the proxy
+        blocking.request(target, timeout_s=0.3)
     assert seen == []
     reply = blocking.request(target, direct=False)
     assert reply.status == 200
     assert [s["path"] for s in seen] == [target]
+    # a loopback address never goes through a proxy, which cannot reach it (and would get
+    # the call's key)
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        with pytest.raises(blocking.Unreachable):
+            blocking.request(f"http://{host}:{_dead_port()}/v1/models", direct=False)
+    assert len(seen) == 1
+
+
+class _Odd(http.server.BaseHTTPRequestHandler):
+    """A redirect elsewhere, a body cut short, and not HTTP at all."""
+
+    def do_GET(self) -> None:
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "http://192.0.2.7:9/steal")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/short":
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"only this")
+        else:
+            self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_redirect_is_the_answer_and_a_broken_answer_is_unreachable() -> None:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Odd)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        reply = blocking.request(f"{url}/redirect", headers={"Authorization": "Bearer k"})
+        assert reply.status == 302  # not followed: the key is not carried elsewhere
+        for path in ("/short", "/ssh"):
+            with pytest.raises(blocking.Unreachable):
+                blocking.request(url + path, timeout_s=2.0)
+            assert blocking.get(url + path) is None
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
