@@ -411,20 +411,20 @@ class Exchange:
             book.release(str(body["keeper"]), body.get("id"))
             return {}
         if name == "serve":
-            live = body.get("live")  # [key, port] of the helper's running server
+            live = body.get("live")  # [key, port, tls] of the helper's running server
             job = book.serve(
                 str(body["helper"]),
                 str(body["node"]),
                 int(body["gpus"]),
                 now,
-                live=(str(live[0]), _url(remote, int(live[1]))) if live else None,
+                live=(str(live[0]), _url(remote, int(live[1]), bool(live[2]))) if live else None,
             )
             if isinstance(job, Job):
                 return {"id": job.id, "key": job.key, "launch": job.launch, "lent": job.lent}
             return {"local": job == "local", "wait": job == "wait"}
         if name == "offer":
             port = body.get("port")
-            url = _url(remote, int(port)) if port is not None else None
+            url = _url(remote, int(port), bool(body.get("tls"))) if port is not None else None
             book.offer(str(body["id"]), url, body.get("note"), now)
             return {}
         if name == "lease":
@@ -445,9 +445,10 @@ class Exchange:
             await self._runner.cleanup()
 
 
-def _url(host: str, port: int) -> str:
-    """A server's base URL at the address its worker called the exchange from."""
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+def _url(host: str, port: int, tls: bool) -> str:
+    """A server's base URL at the address its worker called the exchange from (``tls``: it
+    serves TLS from the session's CA)."""
+    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 class ExchangeClient:
@@ -470,7 +471,8 @@ class ExchangeClient:
         ``tls``: the workers' material from the session's CA (calls go over https)."""
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-        self._context = tls.client_context() if tls is not None else None
+        self.tls = tls
+        self.context = tls.client_context() if tls is not None else None  # calls, servers
         self._token = token
         self.server_key = server_key
         self.local = local
@@ -488,7 +490,7 @@ class ExchangeClient:
                 headers=headers,
                 data=json.dumps(body).encode(),
                 timeout_s=CALL_TIMEOUT_S,
-                context=self._context,
+                context=self.context,
             )
             if reply.status >= 400:
                 raise OSError(f"HTTP Error {reply.status}: {reply.reason}")

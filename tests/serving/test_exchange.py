@@ -251,6 +251,9 @@ def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
     assert all(s["keyed"] and s["bind"] == "0.0.0.0" for s in servers), [
         (s["bind"], s["keyed"]) for s in servers
     ]
+    # TLS from the session's CA, clients' certificates required; the key files are gone
+    assert all(s["tls"] and s["client_certs"] for s in servers), servers
+    assert not list(root.glob("modelbench-tls-*"))
     run = root / "runs" / "r"
     helper = next(
         s for s in servers if (run / "servers" / f"{s['worker']}-m1-for-another-node.log").exists()
@@ -297,6 +300,7 @@ def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
     result.assert_outcomes(passed=2)
     servers = starts(fake_vllm)
     assert sorted(s["host"] for s in servers) == ["a", "b"], servers  # no third start
+    assert all(s["tls"] and s["client_certs"] for s in servers), servers  # lent over TLS
     logs = {h: read_log(root / f"requests-{h}.jsonl") for h in "ab"}
     (small_host,) = [h for h, log in logs.items() if any("small" in r.key for r in log)]
     lent = [r for r in logs[small_host] if "big" in r.key]
