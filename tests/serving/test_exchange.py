@@ -413,3 +413,59 @@ def test_without_cryptography_the_exchange_says_how_to_get_it(
     exchange = Exchange()
     with pytest.raises(OSError, match="pip install cryptography"):
         exchange.start()  # the session reports "replicas across nodes are off: ..."
+
+
+def test_a_server_for_other_nodes_serves_tls_to_the_session_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM (the fake, through vLLM's own ``--ssl-*`` flags) listening for other nodes: the
+    session's workers reach it over TLS (probes and the endpoint pool alike), clients without
+    the session's certificate and plain HTTP get nothing, and its key file is gone once it
+    serves."""
+    import asyncio
+    import tempfile
+
+    from pytest_modelbench.running.client import OpenAIClient
+    from pytest_modelbench.running.pool import EndpointUnavailable
+    from pytest_modelbench.running.urls import UrlSet
+    from pytest_modelbench.serving.vllm import VllmServer
+    from pytest_modelbench.testing.fakevllm import write_fake_vllm
+
+    fake = write_fake_vllm(tmp_path)
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # where the key files go
+    worker = session_tls()[1]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+        "FAKE_VLLM_LOG": str(tmp_path / "servers.jsonl"),
+    }
+    server = VllmServer(
+        "m1", "m1", {}, None, tmp_path / "server.log", tmp_path, env=env,
+        check_installed=False, host="0.0.0.0", api_key="k" * 32, tls=worker,
+    )  # fmt: skip
+    with server:
+        assert server.base_url.startswith("https://127.0.0.1:")
+        assert not list(private.iterdir())  # read at its start, then removed
+        (started,) = starts(tmp_path / "servers.jsonl")
+        assert started["tls"] and started["client_certs"] and started["bind"] == "0.0.0.0"
+
+        async def models(urls: UrlSet) -> list[str]:
+            async with OpenAIClient(urls, api_key="k" * 32) as client:
+                return await client.preflight("m1", timeout_s=10)
+
+        context = worker.client_context()
+        assert asyncio.run(models(UrlSet([server.base_url], tls=context))) == ["m1"]
+        with pytest.raises(EndpointUnavailable, match="TLS verification failed"):
+            asyncio.run(models(UrlSet([server.base_url])))  # the user's trust store
+        ca_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA, shows no certificate
+        ca_only.check_hostname = False
+        ca_only.load_verify_locations(cadata=worker.ca)
+        stranger = session_tls()[1].client_context()  # another session's worker
+        for other in (ca_only, stranger):
+            with pytest.raises(blocking.Unreachable):
+                blocking.request(f"{server.base_url}/models", context=other)
+        plain = server.base_url.replace("https://", "http://")
+        with pytest.raises(blocking.Unreachable):
+            blocking.request(f"{plain}/models")
+    assert "PRIVATE KEY" not in (tmp_path / "server.log").read_text()
