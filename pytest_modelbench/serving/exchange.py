@@ -13,12 +13,13 @@ still running on another:
   while a keeper runs or a worker that may become one has not ended (the controller tells
   the exchange which workers it set up and which went down), and gives its GPUs back at once
   when a keeper of its own node wants servers. It starts the launch on its own GPUs,
-  listening on its node's network and requiring the session's server key, and offers it
-  (``offer``); the exchange records the URL with the address the helper called from. The
+  listening on its node's network, requiring the session's server key and serving TLS from
+  the session's CA, and offers it (``offer``); the exchange records the URL (``https``) with
+  the address the helper called from. The
   helper then reports every second (``lease``) until the keeper releases it;
 * a helper whose own server already holds a running item's launch **lends** it as it is (no
-  start): in a session with an exchange, workers' servers listen on their node's network and
-  require the session's server key from the start;
+  start): in a session with an exchange, workers' servers listen on their node's network,
+  require the session's server key and serve TLS from the start;
 * the keeper adopts the server like a lent one and **releases** it when its model is done.
 
 A keeper that stops calling for ``SILENT_S`` is taken as gone: its leases are released. A
@@ -26,7 +27,8 @@ helper that stops calling for as long is taken as dead, and so is its server (a 
 take its launch's timeout first). The controller listens on loopback unless a node is
 reached over the network, and always over TLS from a CA made for the session
 (``serving/tls.py``): both sides show a certificate of that CA, whose material reaches the
-workers over xdist's channel, and every call's bearer token travels encrypted.
+workers over xdist's channel, and every call's bearer token travels encrypted. The servers
+that workers reach across nodes require the same certificates (``replica_policy.listen``).
 """
 
 from __future__ import annotations
