@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -70,15 +71,18 @@ class EndpointManager:
         self.serving = serving  # a serving.ServerPool when the worker may start servers
         self._served: dict[str, tuple[str, ...]] = {}  # model -> its server's URL (base_urls_of)
 
-    def urls(self, base_urls: tuple[str, ...], served_model: str) -> UrlSet:
+    def urls(
+        self, base_urls: tuple[str, ...], served_model: str, tls: ssl.SSLContext | None = None
+    ) -> UrlSet:
         """The live URL set of a model at ``base_urls``, shared by every item of this worker
         that sends to it: a replica that starts serving the model joins it with
         ``UrlSet.add(url)`` (and leaves with ``remove``), and the requests of the item running
-        at that moment spread to it, whichever backend sends them."""
+        at that moment spread to it, whichever backend sends them. ``tls``: how its https
+        URLs are reached, for servers of this session (``UrlSet``)."""
         key = (base_urls, served_model)
         found = self._urls.get(key)
         if found is None:
-            found = self._urls[key] = UrlSet(base_urls)
+            found = self._urls[key] = UrlSet(base_urls, tls=tls)
         return found
 
     def endpoint_for(self, item: PlannedItem) -> Endpoint:
@@ -111,7 +115,7 @@ class EndpointManager:
             )
         base_url, served = self.serving.ensure(item)
         self._served[item.model_name] = (base_url,)
-        live = self.urls((base_url,), served)
+        live = self.urls((base_url,), served, getattr(self.serving, "tls_context", None))
         self.serving.share(live)  # replicas of this server join the set
         return Endpoint(
             base_urls=(base_url,),

@@ -358,7 +358,9 @@ class ItemEvaluator:
         ``system_fingerprint`` come from the summary (gathered while its rows were counted)."""
         base_urls = self.endpoints.base_urls_of(item)
         if base_urls not in self._versions:
-            self._versions[base_urls] = reported_version(base_urls)
+            served = not item.model.api_base_url  # this session's server: maybe https
+            tls = getattr(self.endpoints.serving, "tls_context", None) if served else None
+            self._versions[base_urls] = reported_version(base_urls, tls)
         external = bool(item.model.api_base_url) and not item.model.solutions
         try:
             return run_setup(

@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import ssl
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -144,12 +145,14 @@ def _installed_engine(engine: str | None) -> str | None:
     return next((v for v in map(_version, packages) if v), None)
 
 
-def reported_version(base_urls: Iterable[str]) -> str | None:
+def reported_version(base_urls: Iterable[str], tls: ssl.SSLContext | None = None) -> str | None:
     """What ``GET /version`` answers at the server's root (vLLM and SGLang serve it):
-    ``{"version": "0.11.0"}``; None when nothing answers it."""
+    ``{"version": "0.11.0"}``; None when nothing answers it. ``tls``: the context for a
+    server of this session that serves TLS."""
     for base in base_urls:
         root = base.rstrip("/").removesuffix("/v1")
-        answer = blocking.get(f"{root}/version", timeout_s=5.0)
+        context = tls if root.startswith("https://") else None
+        answer = blocking.get(f"{root}/version", timeout_s=5.0, context=context)
         if answer is None or answer[0] != 200:
             continue
         with contextlib.suppress(ValueError):

@@ -109,11 +109,14 @@ def _loopback(url: str) -> bool:
 
 
 def get(
-    url: str, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None
+    url: str,
+    timeout_s: float = 2.0,
+    headers: Mapping[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, bytes] | None:
     """``(status, body)`` of a direct GET, or None when nothing answers: the probe form."""
     try:
-        reply = request(url, headers=headers, timeout_s=timeout_s)
+        reply = request(url, headers=headers, timeout_s=timeout_s, context=context)
     except Unreachable:
         return None
     return reply.status, reply.body

@@ -27,6 +27,7 @@ import ssl
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from ssl import SSLContext  # the name Target.ssl hides the module in its class
 
 import aiohttp
 from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
@@ -133,7 +134,8 @@ class Target:
     ssl: ssl.SSLContext | bool
 
     @classmethod
-    def of(cls, base: str) -> Target:
+    def of(cls, base: str, tls: SSLContext | None = None) -> Target:
+        """``tls``: the context of an ``https://`` base (the verifying default otherwise)."""
         url = URL(base)
         proxy: URL | None = None
         auth = None
@@ -142,7 +144,9 @@ class Target:
                 proxy, auth = get_env_proxy_for_url(url)
         if proxy is not None and proxy.host is None:  # host:port, as curl and requests take it
             proxy, auth = strip_auth_from_url(URL(f"http://{proxy}"))
-        return cls(base, proxy, auth, ssl_context() if url.scheme == "https" else True)
+        if url.scheme != "https":
+            return cls(base, proxy, auth, True)
+        return cls(base, proxy, auth, tls if tls is not None else ssl_context())
 
 
 async def request(

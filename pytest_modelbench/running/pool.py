@@ -268,7 +268,7 @@ class EndpointPool:
     def _replica(self, url: str) -> _Replica:
         replica = self._replicas.get(url)
         if replica is None:
-            replica = self._replicas[url] = _Replica(url, Target.of(url))
+            replica = self._replicas[url] = _Replica(url, Target.of(url, self.urls.tls))
         return replica
 
     def resolve(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -14,9 +15,12 @@ __all__ = ["UrlSet"]
 class UrlSet:
     """The base URLs that serve one model, shared by every pool and router mount sending to
     it (thread-safe): a replica joins with :meth:`add` and leaves with :meth:`remove` while
-    items run; routing reads the set at every request."""
+    items run; routing reads the set at every request. ``tls``: the context of its
+    ``https://`` URLs when they are servers of this session (the session's CA trusted, the
+    worker's certificate shown); None: the user's trust store."""
 
-    def __init__(self, urls: Iterable[str] = ()) -> None:
+    def __init__(self, urls: Iterable[str] = (), *, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self._lock = threading.Lock()
         self._urls: tuple[str, ...] = ()
         self._replicas: frozenset[str] = frozenset()  # URLs that joined with replica=True

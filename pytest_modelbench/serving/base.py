@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pytest_modelbench.config.schema import ServeSpec
+    from pytest_modelbench.serving.tls import SessionTls
 
 __all__ = [
     "Engine",
@@ -54,6 +55,7 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the server
     host: str = "127.0.0.1"  # where it listens (another node's item: see serving/exchange.py)
     api_key: str | None = None  # requests must carry it (with a non-loopback host)
+    tls: SessionTls | None = None  # serve TLS, clients showing the session's certificate
     command: tuple[str, ...] = ()  # serve.command: the argv template (engine: command)
     health: str | None = None  # serve.health: the path that answers 200 once it serves
 

@@ -13,12 +13,13 @@ still running on another:
   while a keeper runs or a worker that may become one has not ended (the controller tells
   the exchange which workers it set up and which went down), and gives its GPUs back at once
   when a keeper of its own node wants servers. It starts the launch on its own GPUs,
-  listening on its node's network and requiring the session's server key, and offers it
-  (``offer``); the exchange records the URL with the address the helper called from. The
+  listening on its node's network, requiring the session's server key and serving TLS from
+  the session's CA, and offers it (``offer``); the exchange records the URL (``https``) with
+  the address the helper called from. The
   helper then reports every second (``lease``) until the keeper releases it;
 * a helper whose own server already holds a running item's launch **lends** it as it is (no
-  start): in a session with an exchange, workers' servers listen on their node's network and
-  require the session's server key from the start;
+  start): in a session with an exchange, workers' servers listen on their node's network,
+  require the session's server key and serve TLS from the start;
 * the keeper adopts the server like a lent one and **releases** it when its model is done.
 
 A keeper that stops calling for ``SILENT_S`` is taken as gone: its leases are released. A
@@ -26,7 +27,8 @@ helper that stops calling for as long is taken as dead, and so is its server (a 
 take its launch's timeout first). The controller listens on loopback unless a node is
 reached over the network, and always over TLS from a CA made for the session
 (``serving/tls.py``): both sides show a certificate of that CA, whose material reaches the
-workers over xdist's channel, and every call's bearer token travels encrypted.
+workers over xdist's channel, and every call's bearer token travels encrypted. The servers
+that workers reach across nodes require the same certificates (``replica_policy.listen``).
 """
 
 from __future__ import annotations
@@ -411,20 +413,20 @@ class Exchange:
             book.release(str(body["keeper"]), body.get("id"))
             return {}
         if name == "serve":
-            live = body.get("live")  # [key, port] of the helper's running server
+            live = body.get("live")  # [key, port, tls] of the helper's running server
             job = book.serve(
                 str(body["helper"]),
                 str(body["node"]),
                 int(body["gpus"]),
                 now,
-                live=(str(live[0]), _url(remote, int(live[1]))) if live else None,
+                live=(str(live[0]), _url(remote, int(live[1]), bool(live[2]))) if live else None,
             )
             if isinstance(job, Job):
                 return {"id": job.id, "key": job.key, "launch": job.launch, "lent": job.lent}
             return {"local": job == "local", "wait": job == "wait"}
         if name == "offer":
             port = body.get("port")
-            url = _url(remote, int(port)) if port is not None else None
+            url = _url(remote, int(port), bool(body.get("tls"))) if port is not None else None
             book.offer(str(body["id"]), url, body.get("note"), now)
             return {}
         if name == "lease":
@@ -445,9 +447,10 @@ class Exchange:
             await self._runner.cleanup()
 
 
-def _url(host: str, port: int) -> str:
-    """A server's base URL at the address its worker called the exchange from."""
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+def _url(host: str, port: int, tls: bool) -> str:
+    """A server's base URL at the address its worker called the exchange from (``tls``: it
+    serves TLS from the session's CA)."""
+    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 class ExchangeClient:
@@ -470,14 +473,15 @@ class ExchangeClient:
         ``tls``: the workers' material from the session's CA (calls go over https)."""
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        self.tls = tls
         self._token = token
         self.server_key = server_key
         self.local = local
         self.failure: str | None = None
         self._failures = 0
-        self._context = None
+        self.context = None  # calls, and servers of other nodes
         try:  # a full or read-only temp dir turns replicas across nodes off, never the items
-            self._context = tls.client_context() if tls is not None else None
+            self.context = tls.client_context() if tls is not None else None
         except OSError as exc:  # ssl.SSLError is one
             self.failure = f"the session's TLS material could not be loaded ({exc})"
 
@@ -492,7 +496,7 @@ class ExchangeClient:
                 headers=headers,
                 data=json.dumps(body).encode(),
                 timeout_s=CALL_TIMEOUT_S,
-                context=self._context,
+                context=self.context,
             )
             if reply.status >= 400:
                 raise OSError(f"HTTP Error {reply.status}: {reply.reason}")

@@ -17,6 +17,7 @@ server's queue), or waits for a GPU to come free, up to the model's start-up tim
 from __future__ import annotations
 
 import os
+import ssl
 import time
 import warnings
 from pathlib import Path
@@ -110,6 +111,12 @@ class ServerPool:
     def server_key(self) -> str | None:
         """The key servers of other nodes require (None without an exchange)."""
         return self.replicas.server_key
+
+    @property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """How requests reach this session's servers that serve TLS (None without an
+        exchange)."""
+        return self.replicas.tls_context
 
     def reserve(self, n: int) -> None:
         """Claim this worker's GPUs for servers of ``n`` GPUs now (see :meth:`GpuClaimer.reserve`)."""

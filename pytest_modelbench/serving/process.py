@@ -137,16 +137,19 @@ class ServerProcess:
         ready: ReadyProbe = health_probe,
         label: str = "server",
         host: str = "127.0.0.1",
+        scheme: str = "http",
         stop_grace_s: float = 15.0,
         watchdog: bool = True,
         poll_interval_s: float = 0.25,
     ) -> None:
+        """``scheme``: ``https`` for a server that serves TLS (the probe brings its context)."""
         self._argv_for_port = argv_for_port
         self.env = dict(env)
         self.log_path = Path(log_path)
         self._ready = ready
         self.label = label
         self.host = host
+        self.scheme = scheme
         self.stop_grace_s = stop_grace_s
         self._use_watchdog = watchdog
         self._poll_s = poll_interval_s
@@ -171,7 +174,7 @@ class ServerProcess:
         if self.port is None:
             raise RuntimeError(f"{self.label} has not been started")
         here = "127.0.0.1" if self.host == "0.0.0.0" else self.host  # listens everywhere
-        return f"http://{here}:{self.port}"
+        return f"{self.scheme}://{here}:{self.port}"
 
     @property
     def pid(self) -> int | None:

@@ -12,6 +12,7 @@ serves an item of another node; failing that, its GPUs serve one.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 import time
 import warnings
@@ -145,11 +146,20 @@ class ReplicaPolicy:
 
     def listen(self) -> dict[str, Any]:
         """Where this worker's servers listen: with an exchange, on this node's network with
-        the session's key, so that it can lend them to another node's item at its end."""
-        if self.exchange is None:
-            return {}
-        host = "127.0.0.1" if self.exchange.local else "0.0.0.0"  # keyed
-        return {"host": host, "api_key": self.exchange.server_key}
+        the session's key and TLS from its CA, so that it can lend them to another node's
+        item at its end (on loopback, in clear, when every node is this one)."""
+        if self.exchange is None or self.exchange.failure is not None:
+            return {}  # no exchange (or it is off): nothing is lent, the server stays local
+        if self.exchange.local:
+            return {"host": "127.0.0.1", "api_key": self.exchange.server_key}
+        # keyed, and only clients with the session's certificate get past the handshake
+        return {"host": "0.0.0.0", "api_key": self.exchange.server_key, "tls": self.exchange.tls}
+
+    @property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """How this worker reaches the session's servers over https (None without an
+        exchange): the session's CA trusted, this worker's certificate shown."""
+        return self.exchange.context if self.exchange is not None else None
 
     @property
     def server_key(self) -> str | None:
@@ -342,14 +352,14 @@ class ReplicaPolicy:
             if not self._serve_lease(client, str(job["id"]), dict(job["launch"]), gpus):
                 return
 
-    def _live(self) -> tuple[str, int] | None:
-        """(launch key, port) of this worker's own server while it runs (a vLLM one: the
+    def _live(self) -> tuple[str, int, bool] | None:
+        """(launch key, port, whether it serves TLS) of this worker's own server while it runs (a vLLM one: the
         only engine whose servers listen for other nodes)."""
         server, launch = self.slot.server, self.slot.launch
         if server is None or launch is None or launch.engine != "vllm" or not server.is_alive():
             return None
         port = getattr(getattr(server, "process", None), "port", None)
-        return (launch.key, int(port)) if port is not None else None
+        return (launch.key, int(port), is_https(server)) if port is not None else None
 
     def _serve_lease(
         self, client: ExchangeClient, lease: str, launch: dict[str, Any], gpus: tuple[str, ...]
@@ -374,7 +384,7 @@ class ReplicaPolicy:
             except Exception as exc:
                 client.call("offer", id=lease, note=f"did not start on {self.node}: {exc}")
                 return False
-            client.call("offer", id=lease, port=server.process.port)
+            client.call("offer", id=lease, port=server.process.port, tls=is_https(server))
             return self._hold_lease(client, lease, server)
         finally:
             server.stop()
@@ -391,6 +401,11 @@ class ReplicaPolicy:
             answer = client.call("lease", id=lease)
             if answer is None or not answer.get("serve"):
                 return True
+
+
+def is_https(server: Any) -> bool:
+    """Whether ``server`` serves TLS (its URL says so)."""
+    return str(server.base_url).startswith("https://")
 
 
 class RemoteServer:

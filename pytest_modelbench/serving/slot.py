@@ -110,7 +110,7 @@ def build_server(
     listen: Mapping[str, Any] | None = None,
 ) -> ServerHandle:
     """An unstarted server of ``launch`` on ``gpus``, from the engine it names; ``listen``
-    (host and key): reachable by other nodes, which only vLLM takes without showing the key
+    (host, key and TLS): reachable by other nodes, which only vLLM takes without showing the key
     (``VLLM_API_KEY``, not argv): other engines' servers stay on loopback and are never lent
     to another node. ValueError: a reserved flag in ``serve.args``."""
     # lazily: serving loads only when a worker starts a server (pytest start-up)

@@ -1,26 +1,31 @@
-"""TLS for the session's exchange, from a certificate authority made for one session.
+"""TLS for what a session serves across nodes, from a certificate authority made for one session.
 
 The controller makes a CA when its exchange starts, signs one certificate for the exchange
-(server authentication) and one for the session's workers (client authentication), and
-forgets the CA's key, so nothing else can ever be signed by it. The workers' material
-travels to them over xdist's channel (the ssh connection ``--tx`` already has), never over
-the network in clear and never to a file that stays. Both sides then require the other's
-certificate from that CA: a client without it is refused before a byte of a call is read,
-and a worker sends its bearer token only to the controller, encrypted.
+(server authentication) and one for the session's workers (client and server
+authentication), and forgets the CA's key, so nothing else can ever be signed by it. The
+workers' material travels to them over xdist's channel (the ssh connection ``--tx`` already
+has), never over the network in clear. Every connection between nodes then requires both
+ends' certificates from that CA: a worker's call to the exchange, and a worker's requests
+to a vLLM server that a worker of another node serves (vLLM's ``--ssl-*`` flags, the
+worker's certificate as the server's). A client without one is refused at the handshake,
+before a byte of a request is read, and the bearer tokens travel only encrypted.
 
-Host names are not checked: a worker reaches the controller at an address found at run time
-(``$SSH_CONNECTION``, a host name, ``$MODELBENCH_EXCHANGE_HOST``), and only the controller
-holds a key the session's CA certified for server authentication.
+Host names are not checked: a worker reaches the controller and other nodes' servers at
+addresses found at run time (``$SSH_CONNECTION``, a host name, the address a call came
+from); the chain to the session's CA, whose key is gone, is what is verified. Only the
+session's own parties hold a certified key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["SessionTls", "TlsUnavailable", "session_tls"]
 
@@ -48,7 +53,7 @@ class SessionTls:
         return cls(str(fields["ca"]), str(fields["cert"]), str(fields["key"]))
 
     def server_context(self) -> ssl.SSLContext:
-        """The exchange's context: its certificate, and clients must show one of the CA's."""
+        """A server's context: its certificate, and clients must show one of the CA's."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._load(context)
@@ -56,7 +61,8 @@ class SessionTls:
         return context
 
     def client_context(self) -> ssl.SSLContext:
-        """A worker's context: the exchange must show the CA's server certificate."""
+        """A worker's context, for the exchange and other nodes' servers: they must show a
+        server certificate of the session's CA, and it shows its own."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.check_hostname = False  # see the module docstring; the chain is verified
@@ -65,13 +71,21 @@ class SessionTls:
 
     def _load(self, context: ssl.SSLContext) -> None:
         context.load_verify_locations(cadata=self.ca)
-        # the ssl module reads a key only from a file: one in a private directory, gone at once
+        with self.files() as (own, _ca):
+            context.load_cert_chain(own)
+
+    @contextlib.contextmanager
+    def files(self) -> Iterator[tuple[Path, Path]]:
+        """(this side's key and certificate, the CA's certificate) as PEM files, for what reads
+        them only from a path (the ``ssl`` module, a server's ``--ssl-keyfile``): in a private
+        directory (mode 0700, the key 0600) that is removed on leaving."""
         with tempfile.TemporaryDirectory(prefix="modelbench-tls-") as folder:
-            path = os.path.join(folder, "own.pem")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="ascii") as out:
-                out.write(self.key + self.cert)
-            context.load_cert_chain(path)
+            own, ca = Path(folder) / "own.pem", Path(folder) / "ca.pem"
+            for path, text in ((own, self.key + self.cert), (ca, self.ca)):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="ascii") as out:
+                    out.write(text)
+            yield own, ca
 
 
 def session_tls() -> tuple[SessionTls, SessionTls]:
@@ -119,7 +133,7 @@ def session_tls() -> tuple[SessionTls, SessionTls]:
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(name: str, usage: x509.ObjectIdentifier) -> SessionTls:
+    def leaf(name: str, *usage: x509.ObjectIdentifier) -> SessionTls:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (
             x509.CertificateBuilder()
@@ -130,7 +144,7 @@ def session_tls() -> tuple[SessionTls, SessionTls]:
             .not_valid_before(begin)
             .not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
@@ -149,5 +163,6 @@ def session_tls() -> tuple[SessionTls, SessionTls]:
 
     return (
         leaf("modelbench-exchange", ExtendedKeyUsageOID.SERVER_AUTH),
-        leaf("modelbench-worker", ExtendedKeyUsageOID.CLIENT_AUTH),
+        # a worker calls (the exchange, other nodes' servers) and serves (its own server)
+        leaf("modelbench-worker", ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH),
     )

@@ -8,13 +8,15 @@ compile cache goes under the run's cache directory, and the log goes to the run 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import ssl
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -36,6 +38,7 @@ from pytest_modelbench.serving.process import (
 
 if TYPE_CHECKING:
     from pytest_modelbench.config.schema import ServeSpec
+    from pytest_modelbench.serving.tls import SessionTls
 
 __all__ = [
     "CPU_DEFAULT_ARGS",
@@ -209,16 +212,22 @@ class VllmServer:
         check_installed: bool = True,
         host: str = "127.0.0.1",
         api_key: str | None = None,
+        tls: SessionTls | None = None,
     ) -> None:
         """``host``: where it listens (loopback, unless it serves another node's item, see
         ``serving/exchange.py``); ``api_key``: requests must carry it (``VLLM_API_KEY``, so
-        it is in no command line)."""
+        it is in no command line); ``tls``: serve TLS with this certificate and require
+        clients to show one of the same CA (``--ssl-*``; the files exist only while it
+        starts)."""
         self.model = str(model)
         self._served_name = served_name
         self.gpus = tuple(gpus or ())
         self.python = python
         self.cache_dir = Path(cache_dir)
         self.host = host
+        self.tls = tls
+        self.context: ssl.SSLContext | None = tls.client_context() if tls is not None else None
+        self._tls_files: tuple[Path, Path] | None = None  # while it starts
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         if api_key:
             env = {**(env or {}), "VLLM_API_KEY": api_key}
@@ -239,6 +248,7 @@ class VllmServer:
             ready=self._ready,
             label=f"vLLM server for {served_name!r} on {cpu_or_gpus(self.gpus)}",
             host=self.host,
+            scheme="https" if tls is not None else "http",
             stop_grace_s=stop_grace_s,
         )
 
@@ -271,7 +281,33 @@ class VllmServer:
             "--port",
             str(port),
             *self.flags,
+            *self._tls_flags(),
         ]
+
+    def _tls_flags(self) -> list[str]:
+        if self._tls_files is None:
+            return []
+        own, ca = (str(path) for path in self._tls_files)
+        # uvicorn's: its key and certificate, and a client's certificate from the CA required
+        required = str(int(ssl.CERT_REQUIRED))
+        return [
+            *("--ssl-keyfile", own, "--ssl-certfile", own),
+            *("--ssl-ca-certs", ca, "--ssl-cert-reqs", required),
+        ]
+
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """With TLS, its key and the CA's certificate as files while it starts (uvicorn reads
+        them once, before it listens), removed once it serves or fails."""
+        if self.tls is None:
+            yield
+            return
+        with self.tls.files() as files:
+            self._tls_files = files
+            try:
+                yield
+            finally:
+                self._tls_files = None
 
     def start(self, deadline_s: float = DEFAULT_START_DEADLINE_S) -> None:
         """Start and wait up to ``deadline_s`` s for ``/health`` and ``/v1/models``."""
@@ -279,7 +315,8 @@ class VllmServer:
             self._dists = check_vllm_installed(self.python)
         self._deadline_s = deadline_s
         try:
-            self.process.start(deadline_s)
+            with self._starting():
+                self.process.start(deadline_s)
         except ServerStartError as exc:
             hint = self._hint()
             if hint:
@@ -301,7 +338,8 @@ class VllmServer:
         deadline = self._deadline_s if deadline_s is None else deadline_s
         if self._check_installed and not self._dists:
             self._dists = check_vllm_installed(self.python)
-        self.process.start(deadline, port=keep)
+        with self._starting():
+            self.process.start(deadline, port=keep)
 
     def stop(self) -> None:
         self.process.stop()
@@ -341,10 +379,12 @@ class VllmServer:
     # -- internals ----------------------------------------------------------------------
 
     def _ready(self, root_url: str) -> bool:
-        health = blocking.get(f"{root_url}/health")
+        health = blocking.get(f"{root_url}/health", context=self.context)
         if health is None or health[0] != 200:
             return False
-        models = blocking.get(f"{root_url}/v1/models", headers=self._auth)  # *our* server there?
+        models = blocking.get(  # *our* server there?
+            f"{root_url}/v1/models", headers=self._auth, context=self.context
+        )
         if models is None or models[0] != 200:
             return False
         try:
@@ -385,4 +425,5 @@ class VllmEngine:
             env=spec.env,
             host=spec.host,
             api_key=spec.api_key,
+            tls=spec.tls,
         )

@@ -11,6 +11,9 @@ server, ``requests-gpu<N>.jsonl``, with ``FAKE_VLLM_LOG_PER_SERVER``). ``FAKE_VL
 is how long it takes to start (and ``FAKE_VLLM_FAIL_START`` makes it fail then);
 ``FAKE_VLLM_CRASH_AFTER`` makes its engine die after that many answers, printing
 ``$FAKE_VLLM_CRASH_LOG``; ``FAKE_VLLM_VERSION`` is the build its ``GET /version`` reports.
+vLLM's ``--ssl-keyfile``/``--ssl-certfile``/``--ssl-ca-certs``/``--ssl-cert-reqs`` are
+honoured as vLLM's uvicorn does: it serves TLS, and requires client certificates from those
+CAs with ``--ssl-cert-reqs 2``.
 Used by the test suite's serving tests and the ``perf/`` scripts that measure the serving path
 without a GPU.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FAKE_SERVER = """
-import argparse, json, os, sys, time
+import argparse, json, os, ssl, sys, time
 from pytest_modelbench.testing import SimConfig, SimServer
 
 parser = argparse.ArgumentParser()
@@ -28,7 +31,18 @@ parser.add_argument("--model")
 parser.add_argument("--served-model-name")
 parser.add_argument("--port", type=int)
 parser.add_argument("--host", default="127.0.0.1")
+parser.add_argument("--ssl-keyfile")
+parser.add_argument("--ssl-certfile")
+parser.add_argument("--ssl-ca-certs")
+parser.add_argument("--ssl-cert-reqs", type=int, default=int(ssl.CERT_NONE))
 args, rest = parser.parse_known_args()
+tls = None
+if args.ssl_keyfile and args.ssl_certfile:  # as uvicorn.config.create_ssl_context
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    tls.verify_mode = ssl.VerifyMode(args.ssl_cert_reqs)
+    if args.ssl_ca_certs:
+        tls.load_verify_locations(args.ssl_ca_certs)
 record = {
     "t": time.time(),  # when the process began (FAKE_VLLM_START_S later it serves)
     "pid": os.getpid(),
@@ -40,6 +54,8 @@ record = {
     "path": args.model,
     "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "bind": args.host,
+    "tls": tls is not None,
+    "client_certs": tls is not None and tls.verify_mode == ssl.CERT_REQUIRED,
     "keyed": bool(os.environ.get("VLLM_API_KEY")),
     "key": os.environ.get("VLLM_API_KEY"),  # for the tests that look for it elsewhere
     "flags": rest,
@@ -66,7 +82,7 @@ config = SimConfig(
     api_key=os.environ.get("VLLM_API_KEY") or None,  # as vLLM: /v1 needs the bearer
     version=os.environ.get("FAKE_VLLM_VERSION") or None,  # what GET /version answers
 )
-with SimServer(config) as server:
+with SimServer(config, ssl_context=tls) as server:
     while True:  # FAKE_VLLM_CRASH_AFTER=N: the engine dies after N answers, as vLLM's does
         time.sleep(0.02 if crash_after else 3600)
         if crash_after and sum(server.answers_per_key().values()) >= crash_after:

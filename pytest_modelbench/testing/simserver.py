@@ -26,6 +26,7 @@ import hmac
 import itertools
 import json
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -85,7 +86,15 @@ class SimServer:
     connections dropped. The request log survives restarts (see :meth:`clear_log`).
     """
 
-    def __init__(self, config: SimConfig | None = None, **changes: Any) -> None:
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        **changes: Any,
+    ) -> None:
+        """``ssl_context``: serve TLS with it (``https://``), as an engine given a certificate."""
+        self._ssl = ssl_context
         config = config or SimConfig()
         self._config = replace(config, **changes) if changes else config
         self._policy = self._config.policy
@@ -119,7 +128,7 @@ class SimServer:
     @property
     def url(self) -> str:
         """The server root, e.g. ``http://127.0.0.1:8123`` (``/health`` lives here)."""
-        return f"http://{self.host}:{self._port}"
+        return f"{'https' if self._ssl else 'http'}://{self.host}:{self._port}"
 
     @property
     def base_url(self) -> str:
@@ -199,7 +208,7 @@ class SimServer:
         runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, config.host, self._port, backlog=4096)
+            site = web.TCPSite(runner, config.host, self._port, backlog=4096, ssl_context=self._ssl)
             await site.start()
         except BaseException:
             await runner.cleanup()

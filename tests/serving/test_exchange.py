@@ -252,6 +252,9 @@ def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
     assert all(s["keyed"] and s["bind"] == "0.0.0.0" for s in servers), [
         (s["bind"], s["keyed"]) for s in servers
     ]
+    # TLS from the session's CA, clients' certificates required; the key files are gone
+    assert all(s["tls"] and s["client_certs"] for s in servers), servers
+    assert not list(root.glob("modelbench-tls-*"))
     run = root / "runs" / "r"
     helper = next(
         s for s in servers if (run / "servers" / f"{s['worker']}-m1-for-another-node.log").exists()
@@ -298,6 +301,7 @@ def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
     result.assert_outcomes(passed=2)
     servers = starts(fake_vllm)
     assert sorted(s["host"] for s in servers) == ["a", "b"], servers  # no third start
+    assert all(s["tls"] and s["client_certs"] for s in servers), servers  # lent over TLS
     logs = {h: read_log(root / f"requests-{h}.jsonl") for h in "ab"}
     (small_host,) = [h for h, log in logs.items() if any("small" in r.key for r in log)]
     lent = [r for r in logs[small_host] if "big" in r.key]
@@ -429,5 +433,67 @@ def test_tls_material_that_cannot_be_loaded_turns_replicas_off_not_the_items(
         assert client is not None
         assert client.failure is not None and "TLS material" in client.failure
         assert client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1) is None
+        from pytest_modelbench.serving.gpus import GpuClaimer
+        from pytest_modelbench.serving.replica_policy import ReplicaPolicy
+        from pytest_modelbench.serving.slot import ServerSlot
+
+        slot = ServerSlot(Path("."), "gw0")
+        policy = ReplicaPolicy(slot, GpuClaimer(None, None), cache_dir=Path("."), exchange=client)
+        assert policy.listen() == {}  # its servers stay on loopback, needing no TLS files
     finally:
         exchange.close()
+
+
+def test_a_server_for_other_nodes_serves_tls_to_the_session_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM (the fake, through vLLM's own ``--ssl-*`` flags) listening for other nodes: the
+    session's workers reach it over TLS (probes and the endpoint pool alike), clients without
+    the session's certificate and plain HTTP get nothing, and its key file is gone once it
+    serves."""
+    import asyncio
+
+    from pytest_modelbench.running.client import OpenAIClient
+    from pytest_modelbench.running.pool import EndpointUnavailable
+    from pytest_modelbench.running.urls import UrlSet
+    from pytest_modelbench.serving.vllm import VllmServer
+    from pytest_modelbench.testing.fakevllm import write_fake_vllm
+
+    fake = write_fake_vllm(tmp_path)
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # where the key files go
+    worker = session_tls()[1]
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+        "FAKE_VLLM_LOG": str(tmp_path / "servers.jsonl"),
+    }
+    server = VllmServer(
+        "m1", "m1", {}, None, tmp_path / "server.log", tmp_path, env=env,
+        check_installed=False, host="0.0.0.0", api_key="k" * 32, tls=worker,
+    )  # fmt: skip
+    with server:
+        assert server.base_url.startswith("https://127.0.0.1:")
+        assert not list(private.iterdir())  # read at its start, then removed
+        (started,) = starts(tmp_path / "servers.jsonl")
+        assert started["tls"] and started["client_certs"] and started["bind"] == "0.0.0.0"
+
+        async def models(urls: UrlSet) -> list[str]:
+            async with OpenAIClient(urls, api_key="k" * 32) as client:
+                return await client.preflight("m1", timeout_s=10)
+
+        context = worker.client_context()
+        assert asyncio.run(models(UrlSet([server.base_url], tls=context))) == ["m1"]
+        with pytest.raises(EndpointUnavailable, match="TLS verification failed"):
+            asyncio.run(models(UrlSet([server.base_url])))  # the user's trust store
+        ca_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA, shows no certificate
+        ca_only.check_hostname = False
+        ca_only.load_verify_locations(cadata=worker.ca)
+        stranger = session_tls()[1].client_context()  # another session's worker
+        for other in (ca_only, stranger):
+            with pytest.raises(blocking.Unreachable):
+                blocking.request(f"{server.base_url}/models", context=other)
+        plain = server.base_url.replace("https://", "http://")
+        with pytest.raises(blocking.Unreachable):
+            blocking.request(f"{plain}/models")
+    assert "PRIVATE KEY" not in (tmp_path / "server.log").read_text()

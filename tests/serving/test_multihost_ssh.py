@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -526,3 +527,217 @@ def requests_of(root: Path, gpu: str) -> list[Any]:
 
     path = root / f"requests-gpu{gpu}.jsonl"
     return read_log(path) if path.exists() else []
+
+
+# -- what listens on the network -------------------------------------------------------------
+
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4  # on ``lo`` every packet is seen going out and coming in: keep one
+
+
+class Capture:
+    """Every TCP payload on the loopback interface (where the two nodes' traffic runs), from
+    a packet socket (``AF_PACKET``, which needs ``CAP_NET_RAW``), by (source, destination)
+    port."""
+
+    def __init__(self) -> None:
+        self.flows: dict[tuple[int, int], bytearray] = {}
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        with contextlib.suppress(OSError):  # as root: a buffer that no burst overruns
+            self._sock.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
+        self._sock.bind(("lo", 0))
+        self._sock.settimeout(0.1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame, address = self._sock.recvfrom(1 << 18)
+            except TimeoutError:
+                continue
+            if address[2] != PACKET_OUTGOING:
+                self._add(frame)
+
+    def _add(self, frame: bytes) -> None:
+        kind, packet = int.from_bytes(frame[12:14], "big"), frame[14:]
+        if kind == 0x0800 and packet[9] == 6:  # IPv4, TCP
+            segment = packet[(packet[0] & 0x0F) * 4 : int.from_bytes(packet[2:4], "big")]
+        elif kind == 0x86DD and packet[6] == 6:  # IPv6, TCP (no extension headers on lo)
+            segment = packet[40 : 40 + int.from_bytes(packet[4:6], "big")]
+        else:
+            return
+        ports = (int.from_bytes(segment[0:2], "big"), int.from_bytes(segment[2:4], "big"))
+        payload = segment[(segment[12] >> 4) * 4 :]
+        if payload:
+            self.flows.setdefault(ports, bytearray()).extend(payload)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+
+    def to_and_from(self, ports: set[int], but: set[int]) -> dict[tuple[int, int], bytes]:
+        """The flows that one of ``ports`` serves, both directions, but those of clients
+        on ports ``but``."""
+        return {
+            p: bytes(data) for p, data in self.flows.items() if ports & set(p) and not but & set(p)
+        }
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listening socket of a process of the session, outside loopback."""
+
+    pid: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where a client on this node reaches it."""
+        wildcard = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+        return wildcard.get(self.host, self.host), self.port
+
+
+def network_listeners(roots: set[int]) -> set[Listener]:
+    """The sockets that processes below ``roots`` listen on, outside loopback."""
+    import ipaddress
+
+    import psutil
+
+    found: set[Listener] = set()
+    for pid in set().union(*(descendants(r) for r in roots)):
+        with contextlib.suppress(psutil.Error):  # it exited meanwhile
+            for conn in psutil.Process(pid).net_connections(kind="tcp"):
+                host = str(conn.laddr.ip)
+                if conn.status == psutil.CONN_LISTEN and not ipaddress.ip_address(host).is_loopback:
+                    found.add(Listener(pid, host, int(conn.laddr.port)))
+    return found
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a client without the session's certificate got from one listener."""
+
+    plain_http: bytes | None  # the answer to plain HTTP (None: the connection closed)
+    issuer: str | None  # the CN of the issuer of the certificate it showed over TLS
+    over_tls: bytes | None  # the answer to a request over TLS without a client certificate
+    ports: frozenset[int]  # the probe's own ports (its traffic is no session's)
+
+
+def probe(listener: Listener) -> Probe | None:
+    """Ask ``listener`` as a stranger would; None when it no longer listens."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        plain = socket.create_connection(listener.address, timeout=5)
+    except ConnectionRefusedError:
+        return None
+    ports = {plain.getsockname()[1]}
+    with plain:
+        plain.sendall(request)
+        plain_answer = read_all(plain)
+    stranger = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts anything, shows no certificate
+    stranger.check_hostname = False
+    stranger.verify_mode = ssl.CERT_NONE
+    issuer = tls_answer = None
+    refused = (ConnectionRefusedError, ssl.SSLError, ConnectionResetError)
+    with (
+        contextlib.suppress(*refused),
+        stranger.wrap_socket(socket.create_connection(listener.address, timeout=5)) as tls,
+    ):
+        ports.add(tls.getsockname()[1])
+        der = tls.getpeercert(binary_form=True)
+        if der is not None:
+            name = x509.load_der_x509_certificate(der).issuer
+            issuer = str(name.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+        tls.sendall(request)
+        tls_answer = read_all(tls)
+    return Probe(plain_answer or None, issuer, tls_answer or None, frozenset(ports))
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(OSError):  # reset, a TLS alert: what came before is the answer
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+@pytest.mark.slow
+def test_nothing_listens_on_the_network_in_clear(
+    pytester: pytest.Pytester, fake_vllm: Path, ssh_nodes: dict[str, Node]
+) -> None:
+    """Two nodes over real ssh, one large item that both serve (as in the test above). While
+    the session runs, every socket a process of it listens on outside loopback (the
+    controller's exchange, the item's server, the servers the other node starts for it)
+    answers neither plain HTTP nor TLS from a client without the session's certificate, and
+    shows a certificate of the session's CA; a capture of the interface the nodes talk over
+    holds no bearer token going to or from those sockets, only TLS."""
+    from tests.serving.test_replicas import BIG, write_project
+
+    if os.geteuid() != 0:
+        pytest.skip("the capture needs a packet socket (CAP_NET_RAW): run as root")
+    root = pytester.path
+    write_project(root, costs={"big": 1000, "small": 200})
+    extra = "//env:FAKE_VLLM_LATENCY=0.1//env:FAKE_VLLM_SLOTS=4//env:FAKE_VLLM_LOG_PER_SERVER=1"
+    specs: list[str] = []
+    for host in HOSTS:
+        flag, spec = tx(root, host)
+        specs += [flag, spec + extra]
+    args = [
+        "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load", *specs,
+        "--run-id", "r", "-p", "no:cacheprovider",
+    ]  # fmt: skip
+    done: list[pytest.RunResult | BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(pytester.runpytest_subprocess(*args, timeout=180))
+        except BaseException as exc:  # raised again below, in the test's thread
+            done.append(exc)
+
+    probes: dict[Listener, Probe] = {}
+    capture = Capture()
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        while thread.is_alive():  # the session's processes: below this test's (sshd's too)
+            for listener in network_listeners({os.getpid()}) - probes.keys():
+                found = probe(listener)
+                if found is not None:
+                    probes[listener] = found
+            time.sleep(0.05)
+    finally:
+        thread.join()
+        capture.close()
+    (result,) = done
+    if isinstance(result, BaseException):
+        raise result
+    result.assert_outcomes(passed=1)
+
+    # the item's server and the other node's servers (they listen on every interface) and
+    # the exchange (in the controller, which runs no server) were all found listening
+    servers = starts(fake_vllm)
+    networked = {s["pid"] for s in servers if s["bind"] == "0.0.0.0"}
+    assert {s["host"] for s in servers if s["pid"] in networked} == set(HOSTS), servers
+    assert networked <= {p.pid for p in probes}, (servers, probes)
+    assert {p.pid for p in probes} - networked, probes  # the exchange
+    # none answers a stranger: no HTTP in clear, nothing over TLS without the certificate
+    for listener, found in probes.items():
+        assert found.plain_http is None or not found.plain_http.startswith(b"HTTP/"), listener
+        assert found.issuer == "modelbench session CA", (listener, found)
+        assert found.over_tls is None or b"HTTP/" not in found.over_tls, (listener, found)
+
+    # the nodes' traffic to those sockets was all TLS, and carried no bearer token in clear
+    ours = set().union(*(found.ports for found in probes.values()))
+    flows = capture.to_and_from({p.port for p in probes}, but=ours)
+    (key,) = {s["key"] for s in servers if s["pid"] in networked}  # the session's server key
+    assert sum(map(len, flows.values())) > BIG * 100, "the capture saw the item's requests"
+    for ports, data in flows.items():
+        assert data[:1] == b"\x16", ports  # each direction opens with a TLS handshake record
+        assert key.encode() not in data and b"Bearer" not in data, ports

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import pytest
 from pytest_modelbench.processes import group_members
 from pytest_modelbench.serving import VllmServer, build_smoke_model
 from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS
+from pytest_modelbench.serving.tls import session_tls
 from tests.serving.conftest import group_rss_mib, pid_alive, requires_proc
 
 pytestmark = [
@@ -51,15 +53,22 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _post(
-    url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[dict[str, Any], float]:
     request = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", **(headers or {})},
     )
+    opener = _NO_PROXY
+    if context is not None:
+        https = urllib.request.HTTPSHandler(context=context)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), https)
     started = time.perf_counter()
-    with _NO_PROXY.open(request, timeout=120) as resp:
+    with opener.open(request, timeout=120) as resp:
         data: dict[str, Any] = json.loads(resp.read())
     return data, time.perf_counter() - started
 
@@ -90,7 +99,10 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
     smoke_model: Path, tmp_path: Path, record_property: Any
 ) -> None:
     """As a server of a multi-node session runs (docs/replicas.md): on the node's network,
-    requiring the session's key, which it gets through its environment only."""
+    requiring the session's key, which it gets through its environment only, over TLS from
+    the session's CA (vLLM's ``--ssl-*`` flags), clients' certificates required."""
+    worker = session_tls()[1]
+    tls = worker.client_context()
     server = VllmServer(
         smoke_model,
         "smoke",
@@ -101,6 +113,7 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
         python=sys.executable,
         host="0.0.0.0",
         api_key=KEY,
+        tls=worker,
     )
     started = time.perf_counter()
     server.start(START_DEADLINE_S)
@@ -114,18 +127,28 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
 
         messages = [{"role": "user", "content": "What is 12 + 7? Answer with a number."}]
         chat_body = {"model": "smoke", "messages": messages, "max_tokens": 16, "temperature": 0}
+        assert base.startswith("https://")
         with pytest.raises(urllib.error.HTTPError) as refused:
-            _post(f"{base}/chat/completions", chat_body)  # without the key
+            _post(f"{base}/chat/completions", chat_body, context=tls)  # without the key
         assert refused.value.code == 401
-        chat, chat_s = _post(f"{base}/chat/completions", chat_body, AUTH)
+        refused.value.close()  # an open TLS connection holds uvicorn's stop for its grace
+        ca_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA, shows no certificate
+        ca_only.check_hostname = False
+        ca_only.load_verify_locations(cadata=worker.ca)
+        for stranger in (ca_only, session_tls()[1].client_context()):  # refused at the handshake
+            with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+                _post(f"{base}/chat/completions", chat_body, AUTH, context=stranger)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP
+            _post(f"{base.replace('https', 'http')}/chat/completions", chat_body, AUTH)
+        chat, chat_s = _post(f"{base}/chat/completions", chat_body, AUTH, tls)
         assert chat["model"] == "smoke"
         assert isinstance(chat["choices"][0]["message"]["content"], str)
         assert 0 < chat["usage"]["completion_tokens"] <= 16
-        again, chat2_s = _post(f"{base}/chat/completions", chat_body, AUTH)
+        again, chat2_s = _post(f"{base}/chat/completions", chat_body, AUTH, tls)
         assert again["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
 
         comp_body = {"model": "smoke", "prompt": "The answer is", "max_tokens": 8, "temperature": 0}
-        completion, completion_s = _post(f"{base}/completions", comp_body, AUTH)
+        completion, completion_s = _post(f"{base}/completions", comp_body, AUTH, tls)
         assert isinstance(completion["choices"][0]["text"], str)
         assert completion["usage"]["completion_tokens"] <= 8
         watchdog = server.process.watchdog_pid
@@ -138,7 +161,8 @@ def test_real_vllm_serves_chat_and_completions_then_stops_clean(
     assert watchdog is not None and _wait_gone([watchdog], 10) == []
     assert _processes_using(smoke_model) == []
     log = server.log_path.read_text()
-    assert "ready at http://127.0.0.1:" in log and "stopped (exit code" in log
+    assert "ready at https://127.0.0.1:" in log and "stopped (exit code" in log
+    assert "PRIVATE KEY" not in log and "--ssl-cert-reqs 2" in log
     assert "--host 0.0.0.0" in log and KEY not in log and KEY not in " ".join(server.argv(1))
 
     figures = {
@@ -161,6 +185,7 @@ PARENT = textwrap.dedent(
     from pathlib import Path
     from pytest_modelbench.serving import VllmServer
     from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS
+from pytest_modelbench.serving.tls import session_tls
     out = Path(sys.argv[2])
     server = VllmServer(Path(sys.argv[1]), "smoke", SMOKE_SERVE_ARGS, None,
                         out / "vllm.log", out / "cache", python=sys.executable)
