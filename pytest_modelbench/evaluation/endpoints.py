@@ -72,17 +72,23 @@ class EndpointManager:
         self._served: dict[str, tuple[str, ...]] = {}  # model -> its server's URL (base_urls_of)
 
     def urls(
-        self, base_urls: tuple[str, ...], served_model: str, tls: ssl.SSLContext | None = None
+        self,
+        base_urls: tuple[str, ...],
+        served_model: str,
+        tls: ssl.SSLContext | None = None,
+        *,
+        own: bool = False,
     ) -> UrlSet:
         """The live URL set of a model at ``base_urls``, shared by every item of this worker
         that sends to it: a replica that starts serving the model joins it with
         ``UrlSet.add(url)`` (and leaves with ``remove``), and the requests of the item running
         at that moment spread to it, whichever backend sends them. ``tls``: how its https
-        URLs are reached, for servers of this session (``UrlSet``)."""
+        URLs are reached, for servers of this session; ``own``: servers of this session,
+        never reached through a proxy (``UrlSet``)."""
         key = (base_urls, served_model)
         found = self._urls.get(key)
         if found is None:
-            found = self._urls[key] = UrlSet(base_urls, tls=tls)
+            found = self._urls[key] = UrlSet(base_urls, tls=tls, own=own)
         return found
 
     def endpoint_for(self, item: PlannedItem) -> Endpoint:
@@ -115,7 +121,7 @@ class EndpointManager:
             )
         base_url, served = self.serving.ensure(item)
         self._served[item.model_name] = (base_url,)
-        live = self.urls((base_url,), served, getattr(self.serving, "tls_context", None))
+        live = self.urls((base_url,), served, getattr(self.serving, "tls_context", None), own=True)
         self.serving.share(live)  # replicas of this server join the set
         return Endpoint(
             base_urls=(base_url,),

@@ -134,12 +134,14 @@ class Target:
     ssl: ssl.SSLContext | bool
 
     @classmethod
-    def of(cls, base: str, tls: SSLContext | None = None) -> Target:
-        """``tls``: the context of an ``https://`` base (the verifying default otherwise)."""
+    def of(cls, base: str, tls: SSLContext | None = None, *, direct: bool = False) -> Target:
+        """``tls``: the context of an ``https://`` base (the verifying default otherwise).
+        ``direct``: never through a proxy (this session's own servers: a proxy cannot reach
+        them, and their key would travel to it)."""
         url = URL(base)
         proxy: URL | None = None
         auth = None
-        if url.host is not None and not _bypassed(url.host):
+        if url.host is not None and not direct and not _bypassed(url.host):
             with contextlib.suppress(LookupError):  # no proxy for it
                 proxy, auth = get_env_proxy_for_url(url)
         if proxy is not None and proxy.host is None:  # host:port, as curl and requests take it

@@ -268,7 +268,9 @@ class EndpointPool:
     def _replica(self, url: str) -> _Replica:
         replica = self._replicas.get(url)
         if replica is None:
-            replica = self._replicas[url] = _Replica(url, Target.of(url, self.urls.tls))
+            replica = self._replicas[url] = _Replica(
+                url, Target.of(url, self.urls.tls, direct=self.urls.own)
+            )
         return replica
 
     def resolve(self) -> None:

@@ -17,10 +17,19 @@ class UrlSet:
     it (thread-safe): a replica joins with :meth:`add` and leaves with :meth:`remove` while
     items run; routing reads the set at every request. ``tls``: the context of its
     ``https://`` URLs when they are servers of this session (the session's CA trusted, the
-    worker's certificate shown); None: the user's trust store."""
+    worker's certificate shown); None: the user's trust store. ``own``: servers this session
+    started, reached directly even when ``HTTP(S)_PROXY`` is set (a proxy cannot reach them,
+    and their key would travel to it)."""
 
-    def __init__(self, urls: Iterable[str] = (), *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        urls: Iterable[str] = (),
+        *,
+        tls: ssl.SSLContext | None = None,
+        own: bool = False,
+    ) -> None:
         self.tls = tls
+        self.own = own
         self._lock = threading.Lock()
         self._urls: tuple[str, ...] = ()
         self._replicas: frozenset[str] = frozenset()  # URLs that joined with replica=True

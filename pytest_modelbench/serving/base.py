@@ -54,7 +54,7 @@ class LaunchSpec:
     python: str = sys.executable  # interpreter with the engine installed
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the server
     host: str = "127.0.0.1"  # where it listens (another node's item: see serving/exchange.py)
-    api_key: str | None = None  # requests must carry it (with a non-loopback host)
+    api_key: str | None = field(default=None, repr=False)  # requests must carry it
     tls: SessionTls | None = None  # serve TLS, clients showing the session's certificate
     command: tuple[str, ...] = ()  # serve.command: the argv template (engine: command)
     health: str | None = None  # serve.health: the path that answers 200 once it serves

@@ -24,7 +24,7 @@ import os
 import ssl
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["SessionTls", "TlsUnavailable", "session_tls"]
@@ -43,7 +43,7 @@ class SessionTls:
 
     ca: str
     cert: str
-    key: str
+    key: str = field(repr=False)  # never in a log or a traceback's locals
 
     def fields(self) -> dict[str, str]:
         return {"ca": self.ca, "cert": self.cert, "key": self.key}

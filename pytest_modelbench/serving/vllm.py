@@ -217,8 +217,8 @@ class VllmServer:
         """``host``: where it listens (loopback, unless it serves another node's item, see
         ``serving/exchange.py``); ``api_key``: requests must carry it (``VLLM_API_KEY``, so
         it is in no command line); ``tls``: serve TLS with this certificate and require
-        clients to show one of the same CA (``--ssl-*``; the files exist only while it
-        starts)."""
+        clients to show one of the same CA (``--ssl-*``; the files exist from its start to
+        its stop, in a private directory)."""
         self.model = str(model)
         self._served_name = served_name
         self.gpus = tuple(gpus or ())
@@ -227,7 +227,8 @@ class VllmServer:
         self.host = host
         self.tls = tls
         self.context: ssl.SSLContext | None = tls.client_context() if tls is not None else None
-        self._tls_files: tuple[Path, Path] | None = None  # while it starts
+        self._tls_files: tuple[Path, Path] | None = None  # from its start to its stop
+        self._tls_held: contextlib.ExitStack | None = None
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         if api_key:
             env = {**(env or {}), "VLLM_API_KEY": api_key}
@@ -297,17 +298,24 @@ class VllmServer:
 
     @contextlib.contextmanager
     def _starting(self) -> Iterator[None]:
-        """With TLS, its key and the CA's certificate as files while it starts (uvicorn reads
-        them once, before it listens), removed once it serves or fails."""
-        if self.tls is None:
+        """With TLS, its key and the CA's certificate as files from its start to its stop:
+        each of vLLM's API server processes (one per data-parallel rank by default) reads them
+        when it begins to serve, and ``--enable-ssl-refresh`` watches them. Removed when it
+        stops or fails to start."""
+        if self.tls is not None and self._tls_files is None:
+            held = contextlib.ExitStack()
+            self._tls_files = held.enter_context(self.tls.files())
+            self._tls_held = held
+        try:
             yield
-            return
-        with self.tls.files() as files:
-            self._tls_files = files
-            try:
-                yield
-            finally:
-                self._tls_files = None
+        except BaseException:
+            self._release_tls()
+            raise
+
+    def _release_tls(self) -> None:
+        held, self._tls_held, self._tls_files = self._tls_held, None, None
+        if held is not None:
+            held.close()
 
     def start(self, deadline_s: float = DEFAULT_START_DEADLINE_S) -> None:
         """Start and wait up to ``deadline_s`` s for ``/health`` and ``/v1/models``."""
@@ -342,7 +350,10 @@ class VllmServer:
             self.process.start(deadline, port=keep)
 
     def stop(self) -> None:
-        self.process.stop()
+        try:
+            self.process.stop()
+        finally:
+            self._release_tls()
 
     def cancel(self) -> None:
         """Stop it, and any start under way in another thread (see ``ServerProcess.cancel``)."""

@@ -272,3 +272,27 @@ def test_a_tool_behind_the_router_reaches_it_directly_while_requests_use_the_pro
     forward_proxy.stop()
     assert f":{router_port}/" not in forward_proxy.log.read_text(errors="replace")
     assert "no_proxy" not in {k.lower() for k in os.environ}  # restored after the mount
+
+
+def test_the_sessions_own_servers_are_never_reached_through_a_proxy(
+    proxy_env: pytest.MonkeyPatch,
+) -> None:
+    """A server modelbench started (``UrlSet(own=True)``) carries the session's server key: with
+    ``HTTP_PROXY`` set its requests still go straight to it, where a user's endpoint at the
+    same address goes through the proxy, as curl would send it."""
+    from pytest_modelbench.running.urls import UrlSet
+
+    proxy_env.setenv("HTTP_PROXY", _dead_proxy())
+
+    async def go(own: bool) -> str:
+        async with RawServer(echo) as server:
+            urls = UrlSet([server.url()], own=own)
+            async with client(urls, retries=0, api_key="server-key") as c:
+                try:
+                    return (await c.request(CHAT, chat("direct"))).text
+                except RequestFailed as exc:
+                    return exc.reason
+
+    assert asyncio.run(go(own=True)) == "direct"
+    assert "proxy 127.0.0.1:" in asyncio.run(go(own=False))
+    assert Target.of("http://127.0.0.1:9/v1", direct=True).proxy is None

@@ -474,7 +474,8 @@ def test_a_server_for_other_nodes_serves_tls_to_the_session_only(
     )  # fmt: skip
     with server:
         assert server.base_url.startswith("https://127.0.0.1:")
-        assert not list(private.iterdir())  # read at its start, then removed
+        (held,) = private.iterdir()  # kept while it serves: each API server process reads it
+        assert held.stat().st_mode & 0o777 == 0o700
         (started,) = starts(tmp_path / "servers.jsonl")
         assert started["tls"] and started["client_certs"] and started["bind"] == "0.0.0.0"
 
@@ -496,4 +497,6 @@ def test_a_server_for_other_nodes_serves_tls_to_the_session_only(
         plain = server.base_url.replace("https://", "http://")
         with pytest.raises(blocking.Unreachable):
             blocking.request(f"{plain}/models")
+    assert not list(private.iterdir())  # removed when it stops
     assert "PRIVATE KEY" not in (tmp_path / "server.log").read_text()
+    assert "PRIVATE KEY" not in repr(worker)  # nor in a traceback's locals
