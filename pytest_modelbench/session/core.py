@@ -31,7 +31,7 @@ from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
-from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
+from pytest_modelbench.session.settle import PendingItem, pending_status, settle
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import find_latest_run
@@ -670,11 +670,12 @@ class ModelbenchSession:
         finally:
             self._in_flight.discard(item.item_id)
         verdict = self.baseline_book().verdict(result)
-        deferred = (
-            self.holm_family is not None
-            and verdict.p_value is not None
-            and holm_decision(verdict.p_value, verdict.alpha, self.holm_family) is None
-        )
+        deferred = False
+        if self.holm_family is not None and verdict.p_value is not None:
+            # lazily: loaded only when this runs, not at every pytest start-up
+            from pytest_modelbench.gating.gates import holm_decided
+
+            deferred = holm_decided(verdict, self.holm_family) is None
         result = dataclasses.replace(
             result,
             verdict=verdict,

@@ -1,13 +1,24 @@
 """Holm's final step: items whose verdict waited for the others' p-values get their outcome.
 
 Under ``--mb-correction holm`` an item is decided when it finishes whenever its own p-value
-settles it: ``p <= alpha / m`` fails it (Holm rejects it whatever the others' p-values are)
-and ``p >= alpha`` passes it (Holm never rejects it). Only an item in between waits. Its test
-shows ``holm-pending`` while it waits, and when the session ends it is given its final
-outcome in every channel that has seen its report: the test report itself (the terminal's
-counts, FAILURES section and short summary read it), JUnit, ``--lf`` (pytest's record and
-modelbench's crash-proof one), pytest-html and the exit code. Reports, trackers and the
-``pytest_modelbench_item_finished`` hook read the settled records.
+settles it (``gating.gates.holm_decided``: the final rule, at the two extremes of the other
+p-values). Only an item in between waits. Its test shows ``holm-pending`` while it waits, and
+when the session ends ``holm_adjust_verdicts`` (the same rule, once, over the p-values the
+workers saved) gives it its final outcome in every channel that has seen its report: the test
+report itself (the terminal's counts, FAILURES section and short summary read it), JUnit,
+``--lf`` (pytest's record and modelbench's crash-proof one), pytest-html and the exit code.
+Reports, trackers and the ``pytest_modelbench_item_finished`` hook read the settled records.
+
+Why the outcome is edited after reporters saw it, rather than settled before: pytest hands a
+report to every reporter in one ``pytest_runtest_logreport`` call, made as the test finishes
+(``_pytest.runner.call_and_report``; under xdist ``DSession.worker_testreport`` on the
+controller, as each worker's report arrives). That hook is not ``firstresult`` and a wrapper
+must run the other implementations exactly once, so no plugin can hold a report back or
+re-order it; a waiting item's outcome depends on p-values of items that finish later, possibly
+on other workers, which learn nothing back from the controller before they end. Holding the
+report on the worker would need such a channel, and would hide the ``HOLM-PENDING`` line users
+watch. So every edit of another plugin's state is here, one function per reporter, each
+checked by ``tests/core/test_holm_channels.py``.
 """
 
 from __future__ import annotations
@@ -35,16 +46,6 @@ class PendingItem:
 
     report: pytest.TestReport
     junit: _NodeReporter | None = None  # pytest's JUnit entry, when --junitxml is on
-
-
-def holm_decision(p_value: float, alpha: float, family: int) -> bool | None:
-    """Whether Holm passes an item with this p-value in a family of ``family`` tested items,
-    when that is decided by the p-value alone (``None``: it depends on the other items)."""
-    if p_value >= alpha:
-        return True
-    if p_value <= alpha / max(1, family):
-        return False
-    return None
 
 
 def pending_status(
