@@ -12,7 +12,6 @@ import dataclasses
 import gc
 import os
 import signal
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -31,13 +30,13 @@ from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
+from pytest_modelbench.session.rundir import RunDirectory
 from pytest_modelbench.session.settle import PendingItem, pending_status, settle
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runlog import find_latest_run
-from pytest_modelbench.store.runstore import ItemStore, RunStore, new_run_id
+from pytest_modelbench.store.runstore import ItemStore, RunStore
 from pytest_modelbench.store.verdict import GateVerdict
-from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
+from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker
 
 if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from types import FrameType
@@ -67,7 +66,6 @@ class ModelbenchSession:
         self._config_set: ConfigSet | None = None
         self._plan: Plan | None = None
         self._plan_error: str | None = None
-        self._run_dir: Path | None = None
         self._evaluator: ItemEvaluator | None = None
         self._server_pool: ServerPool | None = None  # made by the first that needs it
         self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
@@ -84,6 +82,7 @@ class ModelbenchSession:
         self.baselines_skipped: list[str] = []  # --update-baselines entries of failed items
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
         self.notes: list[str] = []  # one line each, shown in the header (controller)
+        self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
         self._holm_family: int | None = None
         # controller: the tests of items Holm has yet to decide (several tests may share an item)
@@ -206,32 +205,6 @@ class ModelbenchSession:
                     f"{one_of(known)}"
                 )
 
-    def _check_references(self) -> None:
-        """``--baseline-run`` names a run that exists (a run id under the runs directory, a
-        link there included, or an absolute path, as ``--restart`` takes), or one usage error
-        before anything runs; a relative path that climbs out is refused."""
-        run_id = self.options.baseline_run
-        if not run_id:
-            return
-        parent, _ = self._run_parent()
-        if Path(run_id).is_absolute() and Path(run_id).is_dir():
-            return
-        inside = not Path(run_id).is_absolute() and Path(run_id).name == run_id
-        inside = inside and run_id not in (".", "..")
-        if inside and (parent / run_id).is_dir():
-            return
-        runs = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
-        raise ModelbenchUsageError(
-            f"--baseline-run {run_id}: "
-            + (
-                f"no run directory {display_path(parent / run_id)}"
-                if inside
-                else "expected a run id (a directory name under the runs directory) or an "
-                "absolute path to a run directory"
-            )
-            + f"; runs under {display_path(parent)}: {one_of(runs) if runs else '(none)'}"
-        )
-
     def plan_costs(self) -> PlanCosts:
         """The scheduler's cost model: the plan, the items this run already finished, and the
         remembered durations and tokens per example."""
@@ -250,94 +223,10 @@ class ModelbenchSession:
             items, self.backend_for, read_durations(self.config), finished, read_tokens(self.config)
         )
 
-    # -- run directory ---------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
-        if self._run_dir is None:
-            given = worker_input(self.config).get(WORKER_RUN_DIR)
-            if given:
-                self._run_dir = Path(given)
-            else:
-                self._run_dir = self._resolve_run_dir()
-        return self._run_dir
-
-    def _run_parent(self) -> tuple[Path, str]:
-        """The directory run directories go in, and the option or file that chose it.
-
-        A relative path is taken from the rootdir, like the config directory, so pytest
-        started in a subdirectory of the project uses the same ``configs/`` and ``runs/``.
-        """
-        parent, where = self.options.run_dir, "--run-dir"
-        if self.plan.run_parent is not None and self.options.run_dir == Path("runs"):
-            parent, where = self.plan.run_parent, f"{self.options.job_file}: output_dir"
-        return (parent if parent.is_absolute() else self.config.rootpath / parent), where
-
-    def reference_runs(self) -> dict[Path, str]:
-        """The runs this session gates against, resolved, with where each is named:
-        ``--baseline-run`` and the ``run:`` entries of the planned items' baselines. They are
-        read-only for the whole session: never continued, recomputed or forced."""
-        parent, _ = self._run_parent()
-        named: dict[Path, str] = {}
-        if self.options.baseline_run:
-            named[(parent / self.options.baseline_run).resolve()] = (
-                f"--baseline-run {self.options.baseline_run}"
-            )
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.config.loading import display_path
-        from pytest_modelbench.gating.baselines import BaselineBook
-
-        book = BaselineBook(self.options.config_dir / "baselines", parent)  # reads entries only
-        for item in self.plan.items:
-            try:
-                entries = book.entries(item.model_name)
-            except ModelbenchUsageError:  # a broken file fails the items that need it
-                continue
-            for key in (item.variant.id, item.env):
-                run = getattr(entries.get(key), "run", None)
-                if run:
-                    where = f"{display_path(book.path_for(item.model_name))}: {key}: run: {run}"
-                    named.setdefault((parent / run).resolve(), where)
-                    break
-        return named
-
-    def _resolve_run_dir(self) -> Path:
-        parent, _ = self._run_parent()
-        references = self.reference_runs()
-        if self.options.run_id:
-            chosen = parent / self.options.run_id
-            named = references.get(chosen.resolve())
-            if named is not None:
-                raise ModelbenchUsageError(
-                    f"--run-id {self.options.run_id}: that run is this session's reference "
-                    f"({named}) and is never written; give a new --run-id, or drop --run-id "
-                    "to start a new run"
-                )
-            return chosen
-        if self.options.auto_resume:  # with --restart OLD: the latest run seeded from OLD
-            latest = find_latest_run(parent, self.plan.run_name, restart_from=self.options.restart)
-            if latest is not None:
-                named = references.get(latest.resolve())
-                if named is None:
-                    return latest
-                fresh = parent / new_run_id(parent, self.plan.run_name)
-                self.notes.append(
-                    f"the latest run {latest.name} is this session's reference ({named}) and "
-                    f"is never written: writing a new run {fresh.name} instead of continuing it"
-                )
-                return fresh
-        return parent / new_run_id(parent, self.plan.run_name)
-
-    def _check_run_dir(self) -> None:
-        """Run directories can be created where this run writes, or one usage error now
-        (rather than a traceback per item)."""
-        reason = _unwritable(self.run_dir)
-        if reason is not None:
-            parent, where = self._run_parent()
-            raise ModelbenchUsageError(
-                f"{where}: cannot create run directories in {parent}: {reason}; choose a "
-                f"writable directory (a relative path is taken from the rootdir "
-                f"{self.config.rootpath})"
-            )
+        """This session's run directory (chosen when first needed)."""
+        return self.runs.path
 
     # -- hooks -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -349,8 +238,8 @@ class ModelbenchSession:
             for note in () if is_worker(self.config) else self.plan.notes:
                 self.config.issue_config_time_warning(PlanWarning(note), stacklevel=2)
             if not self.config.option.collectonly and not is_worker(self.config):
-                self._check_references()
-                self._check_run_dir()
+                self.runs.check_references()
+                self.runs.check_writable()
                 self._note_gpu_sharing()
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
@@ -506,7 +395,7 @@ class ModelbenchSession:
             )
 
             planned = write_plan(session.config, self._selected, self.backend_for)
-            parent, _ = self._run_parent()
+            parent, _ = self.runs.parent()
             book = BaselineBook(
                 self.options.config_dir / "baselines",
                 parent,
@@ -732,9 +621,9 @@ class ModelbenchSession:
     def _settle_interrupted(self) -> None:
         """Ctrl-C or SIGTERM stopped this process's items: their manifest entries say
         ``interrupted`` instead of ``running`` (their journals keep what finished)."""
-        if not self._in_flight or self._run_dir is None:
+        if not self._in_flight or self.runs.chosen is None:
             return
-        store = RunStore(self._run_dir)
+        store = RunStore(self.runs.chosen)
         with contextlib.suppress(OSError):  # stopping must not fail on a damaged store
             items = store.read_manifest().get("items") or {}
             for item_id in sorted(self._in_flight):
@@ -785,9 +674,9 @@ class ModelbenchSession:
         """The record the worker saved for a benchmark item's report (None: another test)."""
         shown = {k[len(PROPERTY_PREFIX) :]: v for k, v in report.user_properties}
         item_id = shown.get("item")
-        if not isinstance(item_id, str) or self._run_dir is None:
+        if not isinstance(item_id, str) or self.runs.chosen is None:
             return None
-        directory = RunStore(self._run_dir).item(item_id).directory
+        directory = RunStore(self.runs.chosen).item(item_id).directory
         saved = EvalResult.load(directory) if not report.failed or report.when == "call" else None
         if saved is not None:
             return saved
@@ -836,7 +725,7 @@ class ModelbenchSession:
             write_truncation_warnings,
         )
 
-        write_summary_table(terminalreporter, self.records, self._run_dir)
+        write_summary_table(terminalreporter, self.records, self.runs.chosen)
         write_truncation_warnings(terminalreporter, self.records)
         write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
@@ -871,7 +760,7 @@ class ModelbenchSession:
             terminalreporter.write_line(line, red=True)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
-            write_markdown_summary(Path(step_summary), self.records, self._run_dir)
+            write_markdown_summary(Path(step_summary), self.records, self.runs.chosen)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -898,7 +787,7 @@ class ModelbenchSession:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.gating.baselines import update_baselines
 
-            run_id = self._run_dir.name if self._run_dir else "unknown"
+            run_id = self.runs.chosen.name if self.runs.chosen else "unknown"
             try:
                 self.baselines_written = update_baselines(
                     self.options.config_dir / "baselines",
@@ -1001,21 +890,6 @@ def _env_args_refusal(backend: Backend | None, item: PlannedItem) -> str | None:
         for prefix in (f"{suite.name}: ", "env_args: "):
             message = message.removeprefix(prefix)
         return message
-    return None
-
-
-def _unwritable(run_dir: Path) -> str | None:
-    """Why ``run_dir`` cannot be created and written (None: it can); creates nothing."""
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        return f"{existing} is not writable ({exc.strerror or exc})"
     return None
 
 
