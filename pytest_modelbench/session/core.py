@@ -31,17 +31,15 @@ from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
 from pytest_modelbench.session.rundir import RunDirectory
-from pytest_modelbench.session.settle import PendingItem, pending_status, settle
+from pytest_modelbench.session.settle import HolmStep, pending_status
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import ItemStore, RunStore
-from pytest_modelbench.store.verdict import GateVerdict
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker
 
 if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from types import FrameType
 
-    from _pytest.junitxml import _NodeReporter
     from xdist.workermanage import WorkerController
 
     from pytest_modelbench.backends.protocol import Backend
@@ -76,7 +74,6 @@ class ModelbenchSession:
         self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.records: list[EvalResult] = []  # controller: one per finished item
         self.outcomes: dict[str, str] = {}  # controller: item id -> pytest outcome
-        self.holm_failures: list[str] = []
         self.baselines_written: list[Path] = []
         self.baseline_errors: list[str] = []  # --update-baselines files it could not write
         self.baselines_skipped: list[str] = []  # --update-baselines entries of failed items
@@ -85,8 +82,7 @@ class ModelbenchSession:
         self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
         self._holm_family: int | None = None
-        # controller: the tests of items Holm has yet to decide (several tests may share an item)
-        self._pending: dict[str, list[PendingItem]] = {}
+        self.holm = HolmStep(config, self._announce_finished)  # controller: Holm's final step
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -665,8 +661,7 @@ class ModelbenchSession:
         if first or report.failed:
             self.outcomes[result.item_id] = report.outcome
         if pending_status(report, result) is not None:  # announced when Holm decides it
-            waiting = PendingItem(report, _junit_entry(self.config, report))
-            self._pending.setdefault(result.item_id, []).append(waiting)
+            self.holm.hold(report, result)
         elif first:
             self._announce_finished(result)
 
@@ -731,10 +726,7 @@ class ModelbenchSession:
         write_recomputed(terminalreporter, self.records)
         for message in self.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)
-        if self.holm_failures:
-            terminalreporter.write_sep("=", "regressions after Holm correction", red=True)
-            for message in self.holm_failures:
-                terminalreporter.write_line(message)
+        self.holm.write_summary(terminalreporter)
         if self.baselines_written:
             terminalreporter.write_line(
                 "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
@@ -767,7 +759,7 @@ class ModelbenchSession:
         """Holm's final step first, so JUnit, ``--lf``, pytest-html and the terminal (all
         written at session end) see every item's final outcome."""
         if self.options.correction == "holm" and self.records and not is_worker(self.config):
-            self._apply_holm(session)
+            self.records = self.holm.settle_all(session, self.records, self.outcomes)
 
     @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
     def pytest_sessionfinish_last(self, session: pytest.Session, exitstatus: int) -> None:
@@ -807,50 +799,6 @@ class ModelbenchSession:
             if self.baseline_errors and session.exitstatus == pytest.ExitCode.OK:
                 # a baseline-refresh job that refreshed nothing must not pass
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _apply_holm(self, session: pytest.Session) -> None:
-        """Holm over every tested verdict (the family of size m the workers decided with);
-        items that waited get their final outcome everywhere, and any failure fails the run."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.gates import holm_adjust_verdicts
-
-        tested = [r for r in self.records if r.verdict is not None and r.holm_family]
-        family = max([len(tested), *(r.holm_family or 0 for r in tested)], default=0)
-        # items of the family without a p-value (an error, nothing computed) count as p = 1
-        absent = GateVerdict(passed=True, rule="none", metric="", value=0.0, alpha=0.0, p_value=1.0)
-        verdicts = [r.verdict for r in tested if r.verdict is not None]
-        # each item is decided at its own alpha (a baseline entry may set one)
-        settled = holm_adjust_verdicts([*verdicts, *[absent] * (family - len(verdicts))])[
-            : len(verdicts)
-        ]
-        final = {
-            r.item_id: dataclasses.replace(r, verdict=v, gate_deferred=False)
-            for r, v in zip(tested, settled, strict=True)
-        }
-        for result in final.values():
-            with contextlib.suppress(OSError):
-                result.save()  # the record is rewritten once, with its final verdict
-            if result.verdict is not None and not result.verdict.passed:
-                self.holm_failures.append(result.message)
-            waiting = self._pending.pop(result.item_id, [])
-            for test in waiting:
-                settle(self.config, session, test, result.status, result.message)
-                if test.report.failed:
-                    self.outcomes[result.item_id] = test.report.outcome
-            if waiting:
-                self._announce_finished(result)
-        self.records = [final.get(r.item_id, r) for r in self.records]
-        if self.holm_failures and session.exitstatus == 0:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> _NodeReporter | None:
-    """pytest's JUnit entry of a test (``--junitxml``), or None."""
-    # lazily: only sessions with an item waiting for Holm get here
-    from _pytest.junitxml import xml_key
-
-    xml = config.stash.get(xml_key, None)
-    return xml.node_reporter(report) if xml is not None else None
 
 
 def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:

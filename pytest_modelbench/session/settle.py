@@ -23,7 +23,10 @@ checked by ``tests/core/test_holm_channels.py``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +34,7 @@ import pytest
 
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.verdict import Verdict
+from pytest_modelbench.store.verdict import GateVerdict, Verdict
 
 if TYPE_CHECKING:  # pytest's JUnit plugin loads only with --junitxml
     from _pytest.junitxml import _NodeReporter
@@ -46,6 +49,69 @@ class PendingItem:
 
     report: pytest.TestReport
     junit: _NodeReporter | None = None  # pytest's JUnit entry, when --junitxml is on
+
+
+class HolmStep:
+    """Controller-side ``--mb-correction holm``: holds the tests of items waiting for the
+    other p-values, and at session end decides every tested item once and settles them."""
+
+    def __init__(self, config: pytest.Config, announce: Callable[[EvalResult], None]) -> None:
+        self.config = config
+        self._announce = announce  # pytest_modelbench_item_finished, for a settled item
+        # the tests of items Holm has yet to decide (several tests may share an item)
+        self._pending: dict[str, list[PendingItem]] = {}
+        self.failures: list[str] = []  # the messages of the items Holm fails
+
+    def hold(self, report: pytest.TestReport, result: EvalResult) -> None:
+        """Keep a waiting item's test (and its JUnit entry) until the final step."""
+        self._pending.setdefault(result.item_id, []).append(
+            PendingItem(report, _junit_entry(self.config, report))
+        )
+
+    def settle_all(
+        self, session: pytest.Session, records: list[EvalResult], outcomes: dict[str, str]
+    ) -> list[EvalResult]:
+        """Holm over every tested verdict (the family of size m the workers decided with);
+        items that waited get their final outcome everywhere (``outcomes`` too), any failure
+        fails the run; returns ``records`` with the final verdicts."""
+        # lazily: loaded only when this runs, not at every pytest start-up
+        from pytest_modelbench.gating.gates import holm_adjust_verdicts
+
+        tested = [r for r in records if r.verdict is not None and r.holm_family]
+        family = max([len(tested), *(r.holm_family or 0 for r in tested)], default=0)
+        # items of the family without a p-value (an error, nothing computed) count as p = 1
+        absent = GateVerdict(passed=True, rule="none", metric="", value=0.0, alpha=0.0, p_value=1.0)
+        verdicts = [r.verdict for r in tested if r.verdict is not None]
+        # each item is decided at its own alpha (a baseline entry may set one)
+        settled = holm_adjust_verdicts([*verdicts, *[absent] * (family - len(verdicts))])[
+            : len(verdicts)
+        ]
+        final = {
+            r.item_id: dataclasses.replace(r, verdict=v, gate_deferred=False)
+            for r, v in zip(tested, settled, strict=True)
+        }
+        for result in final.values():
+            with contextlib.suppress(OSError):
+                result.save()  # the record is rewritten once, with its final verdict
+            if result.verdict is not None and not result.verdict.passed:
+                self.failures.append(result.message)
+            waiting = self._pending.pop(result.item_id, [])
+            for test in waiting:
+                settle(self.config, session, test, result.status, result.message)
+                if test.report.failed:
+                    outcomes[result.item_id] = test.report.outcome
+            if waiting:
+                self._announce(result)
+        if self.failures and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return [final.get(r.item_id, r) for r in records]
+
+    def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        """The terminal's section of the items Holm failed."""
+        if self.failures:
+            terminalreporter.write_sep("=", "regressions after Holm correction", red=True)
+            for message in self.failures:
+                terminalreporter.write_line(message)
 
 
 def pending_status(
@@ -146,3 +212,12 @@ def _pytest_html(config: pytest.Config, report: pytest.TestReport, failure: str 
             test["resultsTableRow"] = cells
             if columns is not None:
                 columns.refresh(test, report)
+
+
+def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> _NodeReporter | None:
+    """pytest's JUnit entry of a test (``--junitxml``), or None."""
+    # lazily: only sessions with an item waiting for Holm get here
+    from _pytest.junitxml import xml_key
+
+    xml = config.stash.get(xml_key, None)
+    return xml.node_reporter(report) if xml is not None else None
