@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import gc
 import os
 import signal
@@ -30,6 +29,7 @@ from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
+from pytest_modelbench.session.gates import ItemGates
 from pytest_modelbench.session.rundir import RunDirectory
 from pytest_modelbench.session.settle import HolmStep, pending_status
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
@@ -44,8 +44,6 @@ if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
 
     from pytest_modelbench.backends.protocol import Backend
     from pytest_modelbench.evaluation.evaluate import ItemEvaluator
-    from pytest_modelbench.gating.baselines import BaselineBook
-    from pytest_modelbench.gating.early import StopRule
     from pytest_modelbench.serving.exchange import Exchange
     from pytest_modelbench.serving.pool import ServerPool
 
@@ -69,7 +67,6 @@ class ModelbenchSession:
         self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
         self._exchange: Exchange | None = None  # controller, several nodes: lends servers
         self._exchange_started = False  # whether the exchange was decided on (and started)
-        self._book: BaselineBook | None = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.records: list[EvalResult] = []  # controller: one per finished item
@@ -80,8 +77,10 @@ class ModelbenchSession:
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
+        self.gates = ItemGates(
+            options, lambda: self.plan, lambda: self._selected, self.runs, self.backend_for
+        )
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
-        self._holm_family: int | None = None
         self.holm = HolmStep(config, self._announce_finished)  # controller: Holm's final step
 
     # -- configuration and plan ------------------------------------------------------------
@@ -383,7 +382,6 @@ class ModelbenchSession:
             self._reserve_gpus()
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.baselines import BaselineBook
             from pytest_modelbench.session.terminal import (
                 write_expected_examples,
                 write_plan,
@@ -391,24 +389,15 @@ class ModelbenchSession:
             )
 
             planned = write_plan(session.config, self._selected, self.backend_for)
-            parent, _ = self.runs.parent()
-            book = BaselineBook(
-                self.options.config_dir / "baselines",
-                parent,
-                baseline_run=self.options.baseline_run,
-                baseline_model=self.options.baseline_model,
-                allow_unfinished=self.options.allow_unfinished_baseline,
-                stop_early=self.options.stop_early,
-            )  # reads baseline files and reference runs only
+            book = self.gates.planning_book()
             write_planned_setups(session.config, self._selected, book)
             if self.options.stop_early:
-                book.family = self.holm_family
                 write_expected_examples(
                     session.config,
                     self._selected,
                     planned,
-                    lambda item: self._planned_rule(book, item),
-                    lambda item: self._tested(item, book),
+                    lambda item: self.gates.planned_rule(book, item),
+                    lambda item: self.gates.tested(item, book),
                 )
 
     # -- evaluation (worker side) ------------------------------------------------------------
@@ -435,38 +424,8 @@ class ModelbenchSession:
                 self.config.stash.get(PROGRESS_SINK, None),
             )
             if self.options.stop_early:
-                self._evaluator.stop_rule_for = self._stop_rule
+                self._evaluator.stop_rule_for = self.gates.stop_rule
         return self._evaluator
-
-    def _stop_rule(self, item: PlannedItem, metric: str) -> StopRule | None:
-        """``--mb-stop-early``: the item's stop rule from its baseline (early decisions at
-        alpha / m under Holm)."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.baselines import ItemRef
-
-        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
-        rollouts = item.variant.rollouts_per_example
-        return self.baseline_book().stop_rule(ref, metric, self.holm_family, rollouts)
-
-    def _planned_rule(self, book: BaselineBook, item: PlannedItem) -> StopRule | bool | None:
-        """``--collect-only --mb-stop-early``: the item's stop rule; False where its backend runs
-        its own loop to the end, None where no rule applies or the variant is broken (the run
-        will say why)."""
-        backend = self.backend_for(item.variant.module)
-        if backend is None or not getattr(backend, "stops_early", False):
-            return False
-        try:
-            metric = backend.primary_metric(item)
-        except ModelbenchUsageError:  # the plan must print even when one variant is broken
-            return None
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.baselines import ItemRef
-
-        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
-        try:
-            return book.stop_rule(ref, metric, self.holm_family, item.variant.rollouts_per_example)
-        except ModelbenchUsageError:  # a broken baseline file fails its items when they run
-            return None
 
     def server_pool(self) -> ServerPool:
         """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
@@ -525,24 +484,6 @@ class ModelbenchSession:
             self.check_module(module, "module")
         return backend
 
-    def baseline_book(self) -> BaselineBook:
-        if self._book is None:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.baselines import BaselineBook
-
-            self._book = BaselineBook(
-                self.options.config_dir / "baselines",
-                self.run_dir.parent,
-                require=self.options.require_baseline,
-                baseline_run=self.options.baseline_run,
-                baseline_model=self.options.baseline_model,
-                allow_unfinished=self.options.allow_unfinished_baseline,
-                stop_early=self.options.stop_early,
-                require_same_setup=self.options.require_same_setup,
-            )
-            self._book.family = self.holm_family  # the stop rule's alpha / m under Holm
-        return self._book
-
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
         """Evaluate (or load) the item, then gate it on its baseline."""
         self._in_flight.add(item.item_id)
@@ -554,20 +495,7 @@ class ModelbenchSession:
             raise
         finally:
             self._in_flight.discard(item.item_id)
-        verdict = self.baseline_book().verdict(result)
-        deferred = False
-        if self.holm_family is not None and verdict.p_value is not None:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.gates import holm_decided
-
-            deferred = holm_decided(verdict, self.holm_family) is None
-        result = dataclasses.replace(
-            result,
-            verdict=verdict,
-            gate_deferred=deferred,
-            holm_family=self.holm_family if verdict.p_value is not None else None,
-            model_path=item.model.model,
-        )
+        result = self.gates.gate(result, item)
         self._save(node, result)
         return result
 
@@ -579,27 +507,6 @@ class ModelbenchSession:
             result.save()  # error already says so; the controller falls back to properties
         if not any(k == ITEM_PROPERTY for k, _ in node.user_properties):
             node.user_properties.extend(result.properties())
-
-    @property
-    def holm_family(self) -> int | None:
-        """``--mb-correction holm``: how many selected items have a statistical gate (Holm's
-        m, known before any item runs, so an item's own p-value can decide it at once)."""
-        if self.options.correction != "holm":
-            return None
-        if self._holm_family is None:
-            self._holm_family = max(1, sum(map(self._tested, self._selected or self.plan.items)))
-        return self._holm_family
-
-    def _tested(self, item: PlannedItem, book: BaselineBook | None = None) -> bool:
-        """Whether an item's gate is a statistical test (a value or a reference run)."""
-        if self.options.baseline_run:
-            return True
-        try:
-            entries = (book or self.baseline_book()).entries(item.model_name)
-        except ModelbenchUsageError:  # broken file: its items fail; count them (conservative)
-            return True
-        spec = entries.get(item.variant.id) or entries.get(item.env)
-        return spec is not None and (spec.value is not None or spec.run is not None)
 
     def tracker_config(self) -> dict[str, Any]:
         """What an experiment tracker's run records about this session: names and counts only
