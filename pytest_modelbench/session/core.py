@@ -29,6 +29,7 @@ from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.secrets import redact
+from pytest_modelbench.session.baseline_update import BaselineUpdate
 from pytest_modelbench.session.gates import ItemGates
 from pytest_modelbench.session.rundir import RunDirectory
 from pytest_modelbench.session.settle import HolmStep, pending_status
@@ -71,9 +72,7 @@ class ModelbenchSession:
         self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.records: list[EvalResult] = []  # controller: one per finished item
         self.outcomes: dict[str, str] = {}  # controller: item id -> pytest outcome
-        self.baselines_written: list[Path] = []
-        self.baseline_errors: list[str] = []  # --update-baselines files it could not write
-        self.baselines_skipped: list[str] = []  # --update-baselines entries of failed items
+        self.baseline_update = BaselineUpdate(options)  # controller: --update-baselines
         self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
@@ -634,29 +633,7 @@ class ModelbenchSession:
         for message in self.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)
         self.holm.write_summary(terminalreporter)
-        if self.baselines_written:
-            terminalreporter.write_line(
-                "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
-            )
-        elif (
-            self.options.update_baselines
-            and not self.baseline_errors
-            and not self.baselines_skipped
-        ):
-            scored = any(r.score is not None for r in self.records)
-            terminalreporter.write_line(
-                "--update-baselines: no baseline file changed: "
-                + (
-                    "every entry was kept (see the warnings; --mb-replace-baselines replaces them)"
-                    if scored
-                    else "no item has a score to write"
-                ),
-                yellow=True,
-            )
-        for line in self.baselines_skipped:
-            terminalreporter.write_line(line, yellow=True)
-        for line in self.baseline_errors:
-            terminalreporter.write_line(line, red=True)
+        self.baseline_update.write_summary(terminalreporter, self.records)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             write_markdown_summary(Path(step_summary), self.records, self.runs.chosen)
@@ -683,29 +660,8 @@ class ModelbenchSession:
         if is_worker(self.config) or not self.records:
             return
         if self.options.update_baselines:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.baselines import update_baselines
-
             run_id = self.runs.chosen.name if self.runs.chosen else "unknown"
-            try:
-                self.baselines_written = update_baselines(
-                    self.options.config_dir / "baselines",
-                    self.records,
-                    run_id,
-                    replace=self.options.replace_baselines,
-                    errors=self.baseline_errors,
-                    include_failed=self.options.update_failed_baselines,
-                    skipped=self.baselines_skipped,
-                )
-            except KeyboardInterrupt:  # each file is written atomically: none is half written
-                self.baseline_errors.append(
-                    "--update-baselines: interrupted; files not yet written are left as they "
-                    "were: re-run the same command (finished items are reused)"
-                )
-                session.exitstatus = pytest.ExitCode.INTERRUPTED
-            if self.baseline_errors and session.exitstatus == pytest.ExitCode.OK:
-                # a baseline-refresh job that refreshed nothing must not pass
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            self.baseline_update.write(session, self.records, run_id)
 
 
 def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
