@@ -28,9 +28,9 @@ from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
-from pytest_modelbench.secrets import redact
 from pytest_modelbench.session.baseline_update import BaselineUpdate
 from pytest_modelbench.session.gates import ItemGates
+from pytest_modelbench.session.results import ItemResults
 from pytest_modelbench.session.rundir import RunDirectory
 from pytest_modelbench.session.settle import HolmStep, pending_status
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
@@ -70,17 +70,15 @@ class ModelbenchSession:
         self._exchange_started = False  # whether the exchange was decided on (and started)
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
-        self.records: list[EvalResult] = []  # controller: one per finished item
-        self.outcomes: dict[str, str] = {}  # controller: item id -> pytest outcome
         self.baseline_update = BaselineUpdate(options)  # controller: --update-baselines
-        self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
         self.gates = ItemGates(
             options, lambda: self.plan, lambda: self._selected, self.runs, self.backend_for
         )
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
-        self.holm = HolmStep(config, self._announce_finished)  # controller: Holm's final step
+        self.results = ItemResults(config, self.runs)  # controller: each item's record
+        self.holm = HolmStep(config, self.results.announce)  # controller: Holm's final step
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -556,63 +554,30 @@ class ModelbenchSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if is_worker(self.config) or not self.active:
             return
-        if not (report.when == "call" or (report.when == "setup" and report.failed)):
+        added = self.results.add(report)
+        if added is None:
             return
-        result = self._result_of(report)
-        if result is None:
-            return
-        first = result.item_id not in self.outcomes  # several tests may share one item
-        if first:
-            self.records.append(result)
-        if first or report.failed:
-            self.outcomes[result.item_id] = report.outcome
+        result, first = added
         if pending_status(report, result) is not None:  # announced when Holm decides it
             self.holm.hold(report, result)
         elif first:
-            self._announce_finished(result)
-
-    def _result_of(self, report: pytest.TestReport) -> EvalResult | None:
-        """The record the worker saved for a benchmark item's report (None: another test)."""
-        shown = {k[len(PROPERTY_PREFIX) :]: v for k, v in report.user_properties}
-        item_id = shown.get("item")
-        if not isinstance(item_id, str) or self.runs.chosen is None:
-            return None
-        directory = RunStore(self.runs.chosen).item(item_id).directory
-        saved = EvalResult.load(directory) if not report.failed or report.when == "call" else None
-        if saved is not None:
-            return saved
-        # nothing saved (the store could not be written): what the properties say
-        return EvalResult(
-            item_id=item_id,
-            model=str(shown.get("model")),
-            env=str(shown.get("env")),
-            variant=str(shown.get("variant")),
-            seed=int(str(shown.get("seed") or 0)),
-            metric="",
-            summary={},
-            directory=directory,
-            error=str(shown.get("error") or report.longreprtext or "no result"),
-        )
+            self.results.announce(result)
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
         """An item waiting for Holm's final step shows as ``HOLM-PENDING``, not ``PASSED``."""
         if self.options.correction != "holm" or report.when != "call" or not report.passed:
             return None
-        return pending_status(report, self._result_of(report))
+        return pending_status(report, self.results.result_of(report))
 
-    def _announce_finished(self, result: EvalResult) -> None:
-        """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items
-        of every worker arrive here), with the record the worker saved."""
-        hook = self.config.hook.pytest_modelbench_item_finished
-        if not hook.get_hookimpls() or result.error is not None or not result.summary:
-            return  # nobody listens (the common case costs nothing), or the item has no result
-        try:
-            hook(config=self.config, item_id=result.item_id, summary=result.summary, result=result)
-        except Exception as exc:  # a listener's bug must not stop the session (INTERNALERROR)
-            self.hook_failures.append(
-                f"pytest_modelbench_item_finished raised for {result.item_id}: "
-                f"{type(exc).__name__}: {redact(str(exc))[:300]}"
-            )
+    @property
+    def records(self) -> list[EvalResult]:
+        """Controller: one record per finished item (final verdicts after Holm's step)."""
+        return self.results.records
+
+    @property
+    def outcomes(self) -> dict[str, str]:
+        """Controller: item id -> pytest outcome."""
+        return self.results.outcomes
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.records:
@@ -630,7 +595,7 @@ class ModelbenchSession:
         write_truncation_warnings(terminalreporter, self.records)
         write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
-        for message in self.hook_failures:
+        for message in self.results.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)
         self.holm.write_summary(terminalreporter)
         self.baseline_update.write_summary(terminalreporter, self.records)
@@ -643,7 +608,7 @@ class ModelbenchSession:
         """Holm's final step first, so JUnit, ``--lf``, pytest-html and the terminal (all
         written at session end) see every item's final outcome."""
         if self.options.correction == "holm" and self.records and not is_worker(self.config):
-            self.records = self.holm.settle_all(session, self.records, self.outcomes)
+            self.results.records = self.holm.settle_all(session, self.records, self.outcomes)
 
     @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
     def pytest_sessionfinish_last(self, session: pytest.Session, exitstatus: int) -> None:
