@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
-from pytest_modelbench.config.loading import display_path
 from pytest_modelbench.config.options import RunOptions
-from pytest_modelbench.config.variants import SAMPLING_PREFIX
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import PlanWarning, build_plan
@@ -29,6 +27,11 @@ from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
 from pytest_modelbench.session.baseline_update import BaselineUpdate
 from pytest_modelbench.session.gates import ItemGates
+from pytest_modelbench.session.plan_checks import (
+    check_baseline_metrics,
+    check_engines,
+    check_env_args,
+)
 from pytest_modelbench.session.results import ItemResults
 from pytest_modelbench.session.rundir import RunDirectory
 from pytest_modelbench.session.servers import SessionServers
@@ -63,18 +66,19 @@ class ModelbenchSession:
         self._evaluator: ItemEvaluator | None = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
-        self.baseline_update = BaselineUpdate(options)  # controller: --update-baselines
+        self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
         self.notes: list[str] = []  # one line each, shown in the header (controller)
+        # the concerns of the session, one owner each, given what they need
         self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
         self.gates = ItemGates(
             options, lambda: self.plan, lambda: self._selected, self.runs, self.backend_for
         )
-        self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
         self.servers = SessionServers(
             config, options, self.runs, lambda: self.plan, self.plan_costs
         )
         self.results = ItemResults(config, self.runs)  # controller: each item's record
         self.holm = HolmStep(config, self.results.announce)  # controller: Holm's final step
+        self.baseline_update = BaselineUpdate(options)  # controller: --update-baselines
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -111,87 +115,11 @@ class ModelbenchSession:
     def plan(self) -> Plan:
         if self._plan is None:
             plan = build_plan(self.config_set, self.options, self.check_module)
-            self._check_engines(plan)
-            self._check_env_args(plan)
-            self._check_baseline_metrics(plan)
+            check_engines(plan, self.config_set)
+            check_env_args(plan, self.options.env_args, self.backend_for)
+            check_baseline_metrics(plan, self.config_set, self.backend_for)
             self._plan = plan
         return self._plan
-
-    def _check_engines(self, plan: Plan) -> None:
-        """Each served model's ``serve.engine`` and its settings: a usage error now, naming
-        the model's key in models.yaml, rather than an item error when its server starts."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.serving.engines import engine_for
-
-        checked: set[str] = set()
-        for item in plan.items:
-            spec = item.model
-            if spec.api_base_url or spec.solutions or item.model_name in checked:
-                continue
-            checked.add(item.model_name)
-            try:
-                engine_for(spec.serve)
-            except ValueError as exc:
-                where = display_path(self.config_set.models_path)
-                raise ModelbenchUsageError(f"{where}: models.{item.model_name}.{exc}") from None
-
-    def _check_env_args(self, plan: Plan) -> None:
-        """``--env-args`` keys, and env args a ``matrix:`` sweep adds, that a planned variant's
-        module refuses: a usage error now that names the flag or the env file's matrix key,
-        rather than an item error at run time."""
-        given = self.options.env_args
-        checked: set[str] = set()
-        for item in plan.items:
-            swept = [k for k in item.variant.matrix_values if not k.startswith(SAMPLING_PREFIX)]
-            if (not given and not swept) or item.variant.id in checked:
-                continue
-            checked.add(item.variant.id)
-            message = _env_args_refusal(self.backend_for(item.variant.module), item)
-            if message is None:
-                continue
-            # the flag is to blame when the refusal names one of its keys, the matrix when it
-            # names one of its keys; any other mistake of the env file itself is reported where
-            # the file is named, when the item runs
-            if any(repr(key) in message for key in given):
-                raise ModelbenchUsageError(
-                    f"--env-args: variant {item.variant.id!r} (module {item.variant.module}): "
-                    f"{message}"
-                )
-            blamed = next((key for key in swept if repr(key) in message), None)
-            if blamed is not None:
-                raise ModelbenchUsageError(
-                    f"{display_path(item.variant.source)}: variant {item.variant.id!r}: "
-                    f"matrix.{blamed}: {message}"
-                )
-
-    def _check_baseline_metrics(self, plan: Plan) -> None:
-        """A baseline entry's ``metric`` that the item's suite never computes: a usage error
-        now, rather than an item error after its requests. Only suites that declare all their
-        metrics are checked (not verifiers, lm-eval, nor suites with aggregate metrics)."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.config.loading import load_baseline_file
-        from pytest_modelbench.names import safe_component
-
-        files: dict[Path, dict[str, Any]] = {}
-        for item in plan.items:
-            path = self.config_set.root / "baselines" / f"{safe_component(item.model_name)}.yaml"
-            if path not in files:  # (each file was validated when the plan was checked)
-                files[path] = load_baseline_file(path) if path.is_file() else {}
-            entries = files[path]
-            key = next((k for k in (item.variant.id, item.env) if k in entries), None)
-            metric = entries[key].metric if key is not None else None
-            if metric is None:
-                continue
-            suite = getattr(self.backend_for(item.variant.module), "suite", None)
-            known = getattr(suite, "metrics", None)
-            if not isinstance(known, tuple) or hasattr(suite, "aggregate"):
-                continue
-            if metric not in known:
-                raise ModelbenchUsageError(
-                    f"{display_path(path)}: {key}: metric {shown_value(metric)} is not computed "
-                    f"by {item.variant.module}{did_you_mean(metric, known)}; it computes "
-                    f"{one_of(known)}"
-                )
 
     def plan_costs(self) -> PlanCosts:
         """The scheduler's cost model: the plan, the items this run already finished, and the
@@ -515,28 +443,6 @@ def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
             f"{where}: takes keywords, not {shown_value(marker.args[0])}; write e.g. "
             f"@pytest.mark.modelbench(env={shown_value(marker.args[0])}) (accepted: {accepted})"
         )
-    return None
-
-
-def _env_args_refusal(backend: Backend | None, item: PlannedItem) -> str | None:
-    """The backend's own complaint about the item's env args, or None when it accepts them
-    (or cannot check them before running: the verifiers and lm-eval backends)."""
-    suite = getattr(backend, "suite", None)  # built-in suites and jsonl
-    if suite is None:
-        return None
-    # built-in suites check their declared args without loading data; jsonl checks when it
-    # reads its file (cached for the run)
-    check = getattr(suite, "parse_args", None)
-    try:
-        if check is not None:
-            check(item.variant.env_args)
-        else:
-            suite.examples(item.variant.env_args, item.seed)
-    except ValueError as exc:  # SuiteArgumentError
-        message = str(exc)
-        for prefix in (f"{suite.name}: ", "env_args: "):
-            message = message.removeprefix(prefix)
-        return message
     return None
 
 
