@@ -1,8 +1,10 @@
 """``--mb-correction holm``: an item's final verdict is its pytest outcome in every channel.
 
-For random mixes of baselines (items that fail at once, pass at once, or wait for Holm's final
-step) the terminal counts, the exit code, JUnit, ``--lf``, pytest-html, the leaderboard and
-the ``pytest_modelbench_item_finished`` hook all say the same, with and without xdist.
+For random mixes of baselines the terminal counts, the exit code, JUnit, ``--lf``, pytest-html,
+the leaderboard and the ``pytest_modelbench_item_finished`` hook all say the same, with and
+without xdist. Those mixes' items are decided when they finish (their p-values are far from
+the band in between); ``WAITING`` below has two items that wait for Holm's final step, one it
+fails and one it passes, and each reporter has its own test for them.
 """
 
 from __future__ import annotations
