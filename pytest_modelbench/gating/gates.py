@@ -42,6 +42,7 @@ __all__ = [
     "ScoreSummary",
     "gate_with_errors",
     "holm_adjust_verdicts",
+    "holm_decided",
     "min_paired_examples",
     "no_baseline_verdict",
     "require_decided",
@@ -814,6 +815,24 @@ def holm_adjust_verdicts(
             )
         )
     return out
+
+
+def holm_decided(verdict: GateVerdict, family: int) -> bool | None:
+    """Whether Holm keeps ``verdict``'s hypothesis (``True``: the item's test holds) in a family
+    of ``family`` tested items, when its own p-value decides that whatever the other p-values
+    are; ``None`` when it depends on them (the item waits for Holm's final step).
+
+    Computed by :func:`holm_adjust_verdicts` itself at the two extremes of the other p-values
+    (all 0: the item's adjusted p-value is its own; all 1: it is ``family`` times it), so the
+    early decision and the final step at session end are one rule and cannot disagree."""
+    if verdict.p_value is None:  # not a test: Holm leaves it as it is
+        return verdict.passed or verdict.setup_failed
+    kept = []
+    for other in (0.0, 1.0):
+        absent = dataclasses.replace(verdict, p_value=other)
+        final = holm_adjust_verdicts([verdict, *[absent] * (max(1, family) - 1)])[0]
+        kept.append(final.passed or final.setup_failed)
+    return kept[0] if kept[0] == kept[1] else None
 
 
 # --------------------------------------------------------------------------- messages

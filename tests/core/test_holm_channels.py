@@ -1,8 +1,10 @@
 """``--mb-correction holm``: an item's final verdict is its pytest outcome in every channel.
 
-For random mixes of baselines (items that fail at once, pass at once, or wait for Holm's final
-step) the terminal counts, the exit code, JUnit, ``--lf``, pytest-html, the leaderboard and
-the ``pytest_modelbench_item_finished`` hook all say the same, with and without xdist.
+For random mixes of baselines the terminal counts, the exit code, JUnit, ``--lf``, pytest-html,
+the leaderboard and the ``pytest_modelbench_item_finished`` hook all say the same, with and
+without xdist. Those mixes' items are decided when they finish (their p-values are far from
+the band in between); ``WAITING`` below has two items that wait for Holm's final step, one it
+fails and one it passes, and each reporter has its own test for them.
 """
 
 from __future__ import annotations
@@ -99,18 +101,28 @@ def test_every_channel_shows_the_final_holm_verdict(
     result.assert_outcomes(passed=len(ENVS) - len(failing), failed=len(failing))
     assert result.ret == (pytest.ExitCode.TESTS_FAILED if failing else pytest.ExitCode.OK)
     assert "holm-pending" not in result.stdout.str().splitlines()[-1]
+    # terminal: the counts above, one short-summary line per failure, nothing left waiting
+    for item in failing:
+        result.stdout.fnmatch_lines([f"FAILED *[[]{item}[]]*"])
+    # JUnit: each testcase, and the testsuite's counters
     for item, (has_failure, props) in junit.items():
         assert has_failure == (item in failing), (item, p_values)
         assert props["mb_verdict"] == ("fail" if item in failing else "pass")
+    suite = ET.parse(project.root / "junit.xml").find("testsuite")
+    assert suite is not None
+    assert (suite.get("failures"), suite.get("tests")) == (str(len(failing)), str(len(ENVS)))
     lastfailed = json.loads(
         (project.root / ".pytest_cache" / "v" / "cache" / "lastfailed").read_text()
         if failing
         else "{}"
     )
     assert {re.search(r"\[(.*)\]", k)[1] for k in lastfailed} == failing  # type: ignore[index]
+    # pytest-html: each test, and the page's counts
     assert _html_results(project) == {
         item: "Failed" if item in failing else "Passed" for item in expected
     }
+    page = (project.root / "page.html").read_text()
+    assert f"{len(failing)} Failed" in page and f"{len(ENVS) - len(failing)} Passed" in page
     (run,) = project.run_dirs()
     board = json.loads((run / "leaderboard.json").read_text())
     verdicts = {row["item_id"]: row["verdict"] for row in board["items"]}
@@ -184,3 +196,71 @@ def test_a_baseline_entry_alpha_is_the_items_own_under_holm(five: Project) -> No
     ((_, props),) = _junit(project).values()
     assert props["mb_verdict"] == "pass"
     assert "regressions after Holm correction" not in result.stdout.str()
+
+
+# qa fails at once (p <= alpha/m); qb and qe wait (alpha/m < p < alpha); Holm's final step then
+# fails qe (second smallest p, <= alpha/4) and passes qb (third, > alpha/3); qc and qd pass at once
+WAITING = (
+    "qa: {value: 0.9}\nqb: {value: 0.75}\nqc: {value: 0.5}\nqd: {value: 0.5}\nqe: {value: 0.74}\n"
+)
+WAITED = {"alpha-qb-seed0", "alpha-qe-seed0"}
+SETTLED_FAILING = {"alpha-qa-seed0", "alpha-qe-seed0"}
+
+
+def _run_waiting(project: Project, workers: str | None, *args: str) -> pytest.RunResult:
+    (project.root / "configs" / "baselines" / "alpha.yaml").write_text(WAITING)
+    extra = ["-n", workers] if workers else []
+    return project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--mb-correction", "holm", "-p", "no:randomly",
+        *extra, *args,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_holm_settles_the_terminal_counts_and_exit_code(five: Project, workers: str | None) -> None:
+    result = _run_waiting(five, workers, "-v")
+    for item in sorted(WAITED):
+        # -v: "<node id> HOLM-PENDING"; under xdist "[gw0] [ 40%] HOLM-PENDING <node id>"
+        result.stdout.re_match_lines([f".*({item}.*HOLM-PENDING|HOLM-PENDING.*{item})"])
+    result.assert_outcomes(passed=len(ENVS) - len(SETTLED_FAILING), failed=len(SETTLED_FAILING))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    for item in SETTLED_FAILING:
+        result.stdout.fnmatch_lines([f"FAILED *[[]{item}[]]*"])
+    result.stdout.fnmatch_lines(["*regressions after Holm correction*", "qe exact_match*"])
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_holm_settles_junit(five: Project, workers: str | None) -> None:
+    _run_waiting(five, workers, "--junitxml", "junit.xml")
+    junit = _junit(five)
+    p_values = {item: float(props["mb_p_value"]) for item, (_, props) in junit.items()}
+    waited = {item for item, p in p_values.items() if ALPHA / len(ENVS) < p < ALPHA}
+    assert waited == WAITED, p_values
+    assert {item for item, fails in holm(p_values).items() if fails} == SETTLED_FAILING
+    for item, (has_failure, props) in junit.items():
+        assert has_failure == (item in SETTLED_FAILING), item
+        assert props["mb_verdict"] == ("fail" if item in SETTLED_FAILING else "pass")
+    suite = ET.parse(five.root / "junit.xml").find("testsuite")
+    assert suite is not None
+    assert (suite.get("failures"), suite.get("tests")) == (str(len(SETTLED_FAILING)), "5")
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_holm_settles_pytest_html(five: Project, workers: str | None) -> None:
+    _run_waiting(five, workers, "--html", "page.html")
+    assert _html_results(five) == {
+        f"alpha-{env}-seed0": "Failed" if f"alpha-{env}-seed0" in SETTLED_FAILING else "Passed"
+        for env in ENVS
+    }
+    page = (five.root / "page.html").read_text()
+    assert f"{len(SETTLED_FAILING)} Failed" in page
+    assert f"{len(ENVS) - len(SETTLED_FAILING)} Passed" in page
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_holm_settles_lastfailed(five: Project, workers: str | None) -> None:
+    _run_waiting(five, workers)
+    lastfailed = json.loads((five.root / ".pytest_cache/v/cache/lastfailed").read_text())
+    assert {re.search(r"\[(.*)\]", k)[1] for k in lastfailed} == SETTLED_FAILING  # type: ignore[index]
+    again = _run_waiting(five, workers, "--lf")
+    again.assert_outcomes(failed=len(SETTLED_FAILING))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from pytest_modelbench.gating.gates import (
     PairedRule,
     ScoreSummary,
     holm_adjust_verdicts,
+    holm_decided,
     no_baseline_verdict,
     rule_for,
 )
@@ -282,3 +285,24 @@ def test_verdict_is_json_serialisable() -> None:
     assert data["worse_ids"] == list(verdict.worse_ids)
     assert data["schema_version"] == 2
     assert data["message"] == verdict.message
+
+
+@pytest.mark.parametrize("family", [1, 2, 5])
+def test_holms_early_decision_is_its_final_one(family: int) -> None:
+    # an item decided when it finishes is decided as Holm's final step decides it, whatever the
+    # other items' p-values turn out to be; p = alpha/m is the edge (kept when the others are 1)
+    alpha = 0.05
+    rng = random.Random(family)
+    for p in (alpha / family, alpha / family / 2, alpha, alpha * 0.99, 0.5, 1e-9):
+        verdict = GateVerdict(
+            passed=p >= alpha, rule="none", metric="", value=0.0, alpha=alpha, p_value=p
+        )
+        early = holm_decided(verdict, family)
+        for others in ([0.0], [1.0], [alpha / family], [rng.random() for _ in range(3)]):
+            rest = [
+                dataclasses.replace(verdict, p_value=o) for o in (others * family)[: family - 1]
+            ]
+            final = holm_adjust_verdicts([verdict, *rest])[0]
+            assert early in (None, final.passed), (p, others)
+        if p >= alpha or p < alpha / family:
+            assert early == (p >= alpha)
