@@ -802,19 +802,25 @@ def holm_adjust_verdicts(
     adjusted = stats.holm_adjust([verdicts[i].p_value or 0.0 for i in tested])
     out = list(verdicts)
     for i, p_adj in zip(tested, adjusted, strict=True):
+        level = verdicts[i].alpha if alpha is None else alpha
+        kept = _holm_keeps(p_adj, level)
         out[i] = _finish(
             dataclasses.replace(
                 verdicts[i],
                 p_adjusted=p_adj,
                 correction="holm",
-                alpha=verdicts[i].alpha if alpha is None else alpha,
-                passed=p_adj >= (verdicts[i].alpha if alpha is None else alpha)
-                and not verdicts[i].setup_required,
-                setup_failed=p_adj >= (verdicts[i].alpha if alpha is None else alpha)
-                and verdicts[i].setup_required,
+                alpha=level,
+                passed=kept and not verdicts[i].setup_required,
+                setup_failed=kept and verdicts[i].setup_required,
             )
         )
     return out
+
+
+def _holm_keeps(p_adjusted: float, alpha: float) -> bool:
+    """Holm's rule for one hypothesis: kept (the item's test holds) iff its adjusted p-value
+    is at least alpha. The final step and the early decision both ask this."""
+    return p_adjusted >= alpha
 
 
 def holm_decided(verdict: GateVerdict, family: int) -> bool | None:
@@ -822,16 +828,16 @@ def holm_decided(verdict: GateVerdict, family: int) -> bool | None:
     of ``family`` tested items, when its own p-value decides that whatever the other p-values
     are; ``None`` when it depends on them (the item waits for Holm's final step).
 
-    Computed by :func:`holm_adjust_verdicts` itself at the two extremes of the other p-values
-    (all 0: the item's adjusted p-value is its own; all 1: it is ``family`` times it), so the
-    early decision and the final step at session end are one rule and cannot disagree."""
+    Holm's adjusted p-value of the item lies between its values at the two extremes of the
+    other p-values, which :func:`~pytest_modelbench.gating.stats.holm_adjust` gives in closed
+    form: all others 0, its own p; all others 1, ``min(1, family * p)``. The same rule
+    (:func:`_holm_keeps`) is applied to both, so the early decision and the final step at
+    session end cannot disagree, at a constant cost per item."""
     if verdict.p_value is None:  # not a test: Holm leaves it as it is
         return verdict.passed or verdict.setup_failed
-    kept = []
-    for other in (0.0, 1.0):
-        absent = dataclasses.replace(verdict, p_value=other)
-        final = holm_adjust_verdicts([verdict, *[absent] * (max(1, family) - 1)])[0]
-        kept.append(final.passed or final.setup_failed)
+    p = verdict.p_value
+    low, high = p, min(1.0, max(1, family) * p)
+    kept = _holm_keeps(low, verdict.alpha), _holm_keeps(high, verdict.alpha)
     return kept[0] if kept[0] == kept[1] else None
 
 
