@@ -185,7 +185,6 @@ PARENT = textwrap.dedent(
     from pathlib import Path
     from pytest_modelbench.serving import VllmServer
     from pytest_modelbench.serving.smoke import SMOKE_SERVE_ARGS
-from pytest_modelbench.serving.tls import session_tls
     out = Path(sys.argv[2])
     server = VllmServer(Path(sys.argv[1]), "smoke", SMOKE_SERVE_ARGS, None,
                         out / "vllm.log", out / "cache", python=sys.executable)
