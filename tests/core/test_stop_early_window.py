@@ -5,7 +5,6 @@ go out while the rule waits for it. Without the flag nothing changes."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
@@ -16,14 +15,11 @@ from pytest_modelbench.running.runner import in_window, run_lanes, send_ahead
 from pytest_modelbench.suites.contract import Example
 from pytest_modelbench.suites.selection import sample_order
 from tests.conftest import Project
+from tests.core.test_stop_early import _completions, _summary
 
 N = 300
 LANES = 4
 SLOW_S = 3.0  # the slow reply: ample time for the other 299 to go out if nothing holds them
-
-
-def _completions(server: Any) -> int:
-    return sum(1 for r in server.requests if r.path.endswith("completions"))
 
 
 @pytest.fixture
@@ -45,12 +41,6 @@ def slow_third(project: Project, sim: Any) -> tuple[Project, Any]:
     project.env("qa", [{"id": "qa", "module": "jsonl", "env_args": {"path": "qa.jsonl"}}])
     (project.root / "configs" / "baselines" / "alpha.yaml").write_text("qa: {value: 0.65}\n")
     return project, server
-
-
-def _summary(project: Project) -> dict[str, Any]:
-    (run_dir,) = project.run_dirs()
-    data: dict[str, Any] = json.loads((run_dir / "alpha-qa-seed0" / "summary.json").read_text())
-    return data
 
 
 def test_one_slow_reply_pauses_sending_after_the_window(slow_third: tuple[Project, Any]) -> None:

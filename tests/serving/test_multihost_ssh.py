@@ -493,15 +493,10 @@ def test_an_idle_ssh_node_serves_the_item_running_on_the_other(
     workers of the other node find the controller's exchange where their ssh session came
     from (``$SSH_CONNECTION``), start the item's model on their own GPUs, and answer a share
     of its requests; every example is asked once and nothing is left running."""
-    from tests.serving.test_replicas import BIG, write_project
+    from tests.serving.test_replicas import BIG
 
     root = pytester.path
-    write_project(root, costs={"big": 1000, "small": 200})
-    extra = "//env:FAKE_VLLM_LATENCY=0.1//env:FAKE_VLLM_SLOTS=4//env:FAKE_VLLM_LOG_PER_SERVER=1"
-    specs: list[str] = []
-    for host in HOSTS:
-        flag, spec = tx(root, host)
-        specs += [flag, spec + extra]
+    specs = _big_item_on_two_nodes(root)
     result = pytester.runpytest_subprocess(
         "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load", *specs,
         "--run-id", "r", "-p", "no:cacheprovider", timeout=180,
@@ -678,17 +673,12 @@ def test_nothing_listens_on_the_network_in_clear(
     answers neither plain HTTP nor TLS from a client without the session's certificate, and
     shows a certificate of the session's CA; a capture of the interface the nodes talk over
     holds no bearer token going to or from those sockets, only TLS."""
-    from tests.serving.test_replicas import BIG, write_project
+    from tests.serving.test_replicas import BIG
 
     if os.geteuid() != 0:
         pytest.skip("the capture needs a packet socket (CAP_NET_RAW): run as root")
     root = pytester.path
-    write_project(root, costs={"big": 1000, "small": 200})
-    extra = "//env:FAKE_VLLM_LATENCY=0.1//env:FAKE_VLLM_SLOTS=4//env:FAKE_VLLM_LOG_PER_SERVER=1"
-    specs: list[str] = []
-    for host in HOSTS:
-        flag, spec = tx(root, host)
-        specs += [flag, spec + extra]
+    specs = _big_item_on_two_nodes(root)
     args = [
         "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load", *specs,
         "--run-id", "r", "-p", "no:cacheprovider",
@@ -741,3 +731,17 @@ def test_nothing_listens_on_the_network_in_clear(
     for ports, data in flows.items():
         assert data[:1] == b"\x16", ports  # each direction opens with a TLS handshake record
         assert key.encode() not in data and b"Bearer" not in data, ports
+
+
+def _big_item_on_two_nodes(root: Path) -> list[str]:
+    """The replicas project in ``root``, and the ``--tx`` flags of both nodes (two workers each),
+    their fake engines slow enough (0.1 s, 4 slots) for one big item to need both."""
+    from tests.serving.test_replicas import write_project
+
+    write_project(root, costs={"big": 1000, "small": 200})
+    extra = "//env:FAKE_VLLM_LATENCY=0.1//env:FAKE_VLLM_SLOTS=4//env:FAKE_VLLM_LOG_PER_SERVER=1"
+    specs: list[str] = []
+    for host in HOSTS:
+        flag, spec = tx(root, host)
+        specs += [flag, spec + extra]
+    return specs
