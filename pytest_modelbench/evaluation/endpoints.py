@@ -70,6 +70,7 @@ class EndpointManager:
         self.preflight_timeout_s = preflight_timeout_s
         self.serving = serving  # a serving.ServerPool when the worker may start servers
         self._served: dict[str, tuple[str, ...]] = {}  # model -> its server's URL (base_urls_of)
+        self._gpus: dict[str, int] = {}  # model -> its server's GPU count here (0: the CPU)
 
     def urls(
         self,
@@ -121,6 +122,12 @@ class EndpointManager:
             )
         base_url, served = self.serving.ensure(item)
         self._served[item.model_name] = (base_url,)
+        # the GPUs the server was given (none: the CPU), not serve.gpus; unknown for a server
+        # shared from another worker
+        server = getattr(getattr(self.serving, "slot", None), "server", None)
+        gpus = getattr(server, "gpus", None)
+        if isinstance(gpus, tuple):
+            self._gpus[item.model_name] = len(gpus)
         live = self.urls((base_url,), served, getattr(self.serving, "tls_context", None), own=True)
         self.serving.share(live)  # replicas of this server join the set
         return Endpoint(
@@ -135,6 +142,11 @@ class EndpointManager:
             urls=live,
             headers=request_headers(item),
         )
+
+    def gpus_of(self, item: PlannedItem) -> int | None:
+        """How many GPUs the server this worker started for the item's model runs on (0: the
+        CPU); None when no server of it was started here."""
+        return self._gpus.get(item.model_name)
 
     def base_urls_of(self, item: PlannedItem) -> tuple[str, ...]:
         """Where the item's requests went, without starting anything: the external endpoint's

@@ -368,6 +368,7 @@ class ItemEvaluator:
                 parts["backend"],
                 version=self._versions[base_urls],
                 identity=identity,
+                gpus=self.endpoints.gpus_of(item),
                 rows=[
                     {"system_fingerprint": fingerprint}
                     for fingerprint in summary.get("system_fingerprints", ())

@@ -105,12 +105,14 @@ def run_setup(
     *,
     version: str | None = None,
     identity: Mapping[str, Any] | None = None,
+    gpus: int | None = None,
     rows: Iterable[Mapping[str, Any]] = (),
 ) -> SetupRecord:
     """The setup an item was evaluated under: :func:`planned_setup`, with the ``version`` its
     server reported (:func:`reported_version`), the external endpoint's ``identity`` (its model
-    card's root), the ``system_fingerprint`` of its answered ``rows``, and NVML's GPUs for a
-    model served here."""
+    card's root), the ``system_fingerprint`` of its answered ``rows``, and for a model served
+    here the ``gpus`` its server was given (0: the CPU, whatever ``serve.gpus`` asked) and
+    NVML's facts about them."""
     planned = planned_setup(item, backend_parts)
     fingerprints = sorted(
         {str(r["system_fingerprint"]) for r in rows if r.get("system_fingerprint")}
@@ -123,7 +125,9 @@ def run_setup(
     }
     if planned.serve_args is not None:
         changes["engine_version"] = version or _installed_engine(planned.engine)
-        if planned.gpu_count:
+        if gpus is not None:
+            changes["gpu_count"] = gpus
+        if changes.get("gpu_count", planned.gpu_count):
             changes.update(
                 zip(("gpu_model", "driver_version", "cuda_version"), nvml_facts(), strict=True)
             )

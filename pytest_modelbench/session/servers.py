@@ -180,7 +180,15 @@ class SessionServers:
             return []
         if found:
             return []
+        engines = sorted(
+            {
+                item.model.serve.engine if item.model.serve else "vllm"
+                for item in plan.items
+                if not (item.model.api_base_url or item.model.solutions)
+            }
+        )
+        shown = ", ".join("vllm-cpu" if engine == "vllm" else engine for engine in engines)
         return [
-            "no GPU on this machine: models are served on the CPU (vllm-cpu); --gpus or "
+            f"no GPU on this machine: models are served on the CPU ({shown}); --gpus or "
             "CUDA_VISIBLE_DEVICES chooses GPUs"
         ]
