@@ -172,6 +172,24 @@ class ServeSpec(_Strict):
         default=None, description="engine: command: the path that answers 200 once it serves"
     )
 
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_name(cls, value: object) -> object:
+        if not isinstance(value, str):
+            raise ValueError(
+                "write an engine name: vllm, sglang or command (or leave serve.engine out for vllm)"
+            )
+        return value
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv_list(cls, value: object) -> object:
+        if isinstance(value, str):  # a shell line: which words are one argument is unclear
+            parts = value.split() or ["server"]
+            shown = ", ".join(f'"{p}"' if "{" in p or ":" in p else p for p in parts)
+            raise ValueError(f"write the command as a YAML list of its words, e.g. [{shown}]")
+        return value
+
 
 class ModelSpec(_Strict):
     """One entry of ``models.yaml``."""

@@ -96,7 +96,8 @@ class Engine(Protocol):
 
     def check(self, serve: ServeSpec) -> None:
         """Raise ``ValueError`` (``serve.<key>: ...`` and the fix) for a ``serve`` section
-        this engine cannot serve; called when the session starts, before any server."""
+        this engine cannot serve, or whose program or package is missing here; called when
+        the session starts, before any server."""
         ...
 
     def server(self, spec: LaunchSpec) -> ServerHandle: ...

@@ -11,12 +11,14 @@ path (``/v1/models`` unless ``serve.health`` says) answers 200.
 
 from __future__ import annotations
 
+import shutil
 import string
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_modelbench.running import blocking
-from pytest_modelbench.serving.base import LaunchSpec
+from pytest_modelbench.serving.base import LaunchSpec, ServerStartError
 from pytest_modelbench.serving.server import EngineServer, engine_env
 
 if TYPE_CHECKING:
@@ -26,6 +28,9 @@ __all__ = ["PLACEHOLDERS", "CommandEngine", "render_command"]
 
 PLACEHOLDERS = ("model", "served_name", "port", "host", "gpus", "n_gpus")
 DEFAULT_HEALTH = "/v1/models"
+# A live server that refuses the health path (4xx) this long while /v1/models answers 200
+# has the wrong path, not a slow start: said at once rather than after serve.startup_timeout.
+WRONG_HEALTH_S = 3.0
 _EXAMPLE = 'e.g. [llama-server, -m, "{model}", --port, "{port}"]'
 
 
@@ -62,9 +67,54 @@ def check_command(command: Sequence[str] | None, health: str | None) -> None:
         raise ValueError(f"serve.health: {health!r} is not a path; write it as /health")
 
 
+def check_program(command: Sequence[str]) -> None:
+    """ValueError when the server's program (``serve.command[0]``) cannot be found or run
+    here; a program named by a placeholder is found when the server starts."""
+    program = command[0]
+    if _fields(program) or shutil.which(program) is not None:
+        return
+    where = "not found" if "/" in program else "not found on PATH"
+    raise ValueError(
+        f"serve.command[0]: {program!r} {where} (or not executable): install it or give "
+        "its full path"
+    )
+
+
 def render_command(command: Sequence[str], values: Mapping[str, str]) -> list[str]:
     """The argv with its placeholders filled in."""
     return [part.format_map(values) for part in command]
+
+
+class HealthProbe:
+    """Ready when the health path answers 200. A server that answers a 4xx there while
+    ``/v1/models`` answers 200 serves, at another path: :class:`ServerStartError` naming
+    ``serve.health``, its answer and the fix, after :data:`WRONG_HEALTH_S` seconds of it."""
+
+    def __init__(self, health: str) -> None:
+        self.health = health
+        self._refused_since: float | None = None
+
+    def __call__(self, root: str) -> bool:
+        answer = blocking.get(f"{root}{self.health}")
+        if answer is not None and answer[0] == 200:
+            return True
+        if (
+            answer is None
+            or not 400 <= answer[0] < 500
+            or self.health == DEFAULT_HEALTH
+            or (blocking.get(f"{root}{DEFAULT_HEALTH}") or (0, b""))[0] != 200
+        ):
+            self._refused_since = None
+            return False
+        now = time.monotonic()
+        self._refused_since = self._refused_since or now
+        if now - self._refused_since < WRONG_HEALTH_S:
+            return False
+        self._refused_since = None
+        raise ServerStartError(
+            f"serve.health {self.health!r} answers {answer[0]} ({DEFAULT_HEALTH} answers 200): "
+            f"fix serve.health in models.yaml, or remove it to probe {DEFAULT_HEALTH}"
+        )
 
 
 class CommandEngine:
@@ -74,6 +124,8 @@ class CommandEngine:
 
     def check(self, serve: ServeSpec) -> None:
         check_command(serve.command, serve.health)
+        assert serve.command is not None  # check_command refuses none
+        check_program(serve.command)
         if serve.args:
             raise ValueError(
                 "serve.args: serve.engine: command takes its flags in serve.command; move "
@@ -95,16 +147,12 @@ class CommandEngine:
         def argv(port: int) -> list[str]:
             return render_command(spec.command, {**values, "port": str(port)})
 
-        def ready(root: str) -> bool:
-            answer = blocking.get(f"{root}{health}")
-            return answer is not None and answer[0] == 200
-
         return EngineServer(
             argv,
-            engine=spec.command[0].rsplit("/", 1)[-1],
+            engine=argv(0)[0].rsplit("/", 1)[-1],  # the program, placeholders filled in
             served_name=spec.served_name,
             gpus=gpus,
             log_path=spec.log_path,
             env=engine_env(gpus, spec.model, extra=spec.env),
-            ready=ready,
+            ready=HealthProbe(health),
         )

@@ -50,13 +50,16 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
-    """The last ``lines`` lines of a log file (empty string if it does not exist)."""
+def log_tail(
+    path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024, start: int = 0
+) -> str:
+    """The last ``lines`` lines of a log file from byte ``start`` on (one start's lines in a
+    log that later starts and sessions append to); empty if it does not exist."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
+            fh.seek(max(0, start if start <= size else 0, size - max_bytes))
             data = fh.read()
     except OSError:
         return ""
@@ -70,6 +73,9 @@ _LOG_PREFIX = re.compile(
     r"(?:(?:ERROR|CRITICAL|WARNING|INFO|DEBUG)\s+\d\d-\d\d\s+[\d:.]+\s+\[[^\]]*\]\s+)?"
 )
 _EXCEPTION_LINE = re.compile(r"((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)): (\S.*)$")
+# argparse's refusal, the last line a server prints for a flag it does not know:
+# "usage: ...\nllama-server: error: unrecognized arguments: --bogus"
+_USAGE_ERROR = re.compile(r"^\S[^:]{0,200}: (error): (\S.*)$")
 CAUSE_MAX_CHARS = 300
 
 
@@ -80,7 +86,7 @@ def death_cause(log_text: str, wrappers: Sequence[str] = ()) -> str | None:
     found: list[str] = []
     for raw in log_text.splitlines():
         line = _LOG_PREFIX.sub("", raw.strip(), count=1)
-        match = _EXCEPTION_LINE.match(line)
+        match = _EXCEPTION_LINE.match(line) or _USAGE_ERROR.match(line)
         if match is None:
             continue
         name, message = match[1].rsplit(".", 1)[-1], match[2].strip()
@@ -141,8 +147,10 @@ class ServerProcess:
         stop_grace_s: float = 15.0,
         watchdog: bool = True,
         poll_interval_s: float = 0.25,
+        wrappers: Sequence[str] = (),
     ) -> None:
-        """``scheme``: ``https`` for a server that serves TLS (the probe brings its context)."""
+        """``scheme``: ``https`` for a server that serves TLS (the probe brings its context);
+        ``wrappers``: log errors that only report another's death (see :func:`death_cause`)."""
         self._argv_for_port = argv_for_port
         self.env = dict(env)
         self.log_path = Path(log_path)
@@ -153,6 +161,8 @@ class ServerProcess:
         self.stop_grace_s = stop_grace_s
         self._use_watchdog = watchdog
         self._poll_s = poll_interval_s
+        self.wrappers = tuple(wrappers)
+        self.log_start = 0  # where this start's lines begin in the (appended) log
         self.port: int | None = None
         self.argv: list[str] = []
         self._proc: subprocess.Popen[bytes] | None = None
@@ -252,19 +262,24 @@ class ServerProcess:
         assert self.port is not None
         self.argv = [str(a) for a in self._argv_for_port(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            self.log_start = self.log_path.stat().st_size
         self._note(f"starting: {self.command_line()}")
         with open(self.log_path, "ab") as log, self._cancel_lock:
             if self._cancelled:
                 raise ServerStartError(f"{self.label} was stopped while starting")
-            self._proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: stop() kills all of it
-                close_fds=True,
-            )
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: stop() kills all of it
+                    close_fds=True,
+                )
+            except OSError as exc:  # not a file-system failure of the run: the program
+                raise ServerStartError(_cannot_run(self.label, self.argv[0], exc)) from None
         if self._use_watchdog:
             self._start_watchdog(self._proc.pid)
 
@@ -287,12 +302,14 @@ class ServerProcess:
             time.sleep(self._poll_s)
 
     def _failure(self, what: str) -> ServerStartError:
-        tail = log_tail(self.log_path)
+        """The start failed: the cause from this start's log (not earlier starts'), first."""
+        tail = log_tail(self.log_path, start=self.log_start)
+        cause = death_cause(log_tail(self.log_path, 400, 256 * 1024, self.log_start), self.wrappers)
         indented = "\n".join("    " + line for line in tail.splitlines()) or "    (empty)"
         return ServerStartError(
-            f"{self.label} {what}.\n"
+            f"{self.label} {what}" + (f": {cause}" if cause else "") + ".\n"
             f"  command: {self.command_line()}\n"
-            f"  log: {self.log_path} (last {LOG_TAIL_LINES} lines):\n{indented}"
+            f"  log: {self.log_path} (this start, last {LOG_TAIL_LINES} lines):\n{indented}"
         )
 
     def _start_watchdog(self, pgid: int) -> None:
@@ -334,6 +351,15 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a", encoding="utf-8") as log:
             log.write(f"[modelbench {stamp}] {self.label}: {message}\n")
+
+
+def _cannot_run(label: str, program: str, exc: OSError) -> str:
+    """One line for a program that cannot be started (missing, not executable)."""
+    why = exc.strerror or str(exc)
+    if isinstance(exc, FileNotFoundError):
+        where = "not found" if os.sep in program else "not found on PATH"
+        return f"{label} could not start: {program!r} {where} ({why}): install it or give its full path"
+    return f"{label} could not start: cannot run {program!r} ({why}): make it executable or give another program"
 
 
 def _masked(argv: Sequence[str]) -> list[str]:

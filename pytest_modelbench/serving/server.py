@@ -95,6 +95,7 @@ class EngineServer:
             label=f"{engine} server for {served_name!r} on {cpu_or_gpus(self.gpus)}",
             host=host,
             stop_grace_s=stop_grace_s,
+            wrappers=wrappers,
         )
 
     @property
@@ -140,7 +141,7 @@ class EngineServer:
         code = self.process.returncode()
         if code is None:
             return None
-        tail = log_tail(self.log_path, lines=400, max_bytes=256 * 1024)
+        tail = log_tail(self.log_path, 400, 256 * 1024, self.process.log_start)
         cause = death_cause(tail, self._wrappers) or "no error in its log"
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         return f"the {self.process.label} died ({how}): {cause}; log: {self.log_path}"

@@ -92,6 +92,10 @@ class SglangEngine:
     def check(self, serve: ServeSpec) -> None:
         refuse_command(serve, self.name)
         sglang_flags(serve.args, serve.gpus)
+        try:  # servers run on this interpreter (LaunchSpec.python)
+            check_sglang_installed(sys.executable)
+        except EngineNotInstalledError as exc:
+            raise ValueError(f"serve.engine: {exc}") from None
 
     def server(self, spec: LaunchSpec) -> EngineServer:
         gpus = tuple(spec.gpus or ())

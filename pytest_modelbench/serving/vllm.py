@@ -251,6 +251,7 @@ class VllmServer:
             host=self.host,
             scheme="https" if tls is not None else "http",
             stop_grace_s=stop_grace_s,
+            wrappers=DEATH_WRAPPERS,
         )
 
     # -- ServerHandle -------------------------------------------------------------------
@@ -365,7 +366,7 @@ class VllmServer:
         code = self.process.returncode()
         if code is None:
             return None
-        tail = log_tail(self.log_path, lines=400, max_bytes=256 * 1024)
+        tail = log_tail(self.log_path, 400, 256 * 1024, self.process.log_start)
         cause = death_cause(tail, DEATH_WRAPPERS) or "no error in its log"
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         return f"the {self.process.label} died ({how}): {cause}; log: {self.log_path}"

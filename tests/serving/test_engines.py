@@ -155,6 +155,25 @@ def test_sglang_rejects_a_flag_it_does_not_know(
             {"engine": "sglang", "args": {"model_path": "x"}},
             "models.m1.serve.args: 'model_path' is set by modelbench*",
         ),
+        (
+            {"engine": "command", "command": ["no-such-llama-server", "--port", "{port}"]},
+            "models.m1.serve.command[0]: 'no-such-llama-server' not found on PATH (or not "
+            "executable): install it or give its full path",
+        ),
+        (
+            {"engine": "sglang"},  # no fake sglang on the path here
+            "models.m1.serve.engine: SGLang is not installed for *: install it *",
+        ),
+        (
+            {"engine": "command", "command": "foo --port {port}"},
+            "models.m1.serve.command: write the command as a YAML list of its words, "
+            "e.g. [foo, --port, \"{port}\"] (got 'foo --port {port}')",
+        ),
+        (
+            {"engine": None},
+            "models.m1.serve.engine: write an engine name: vllm, sglang or command (or leave "
+            "serve.engine out for vllm) (got *)",
+        ),
     ],
     ids=[
         "unknown-engine",
@@ -163,6 +182,10 @@ def test_sglang_rejects_a_flag_it_does_not_know(
         "no-command",
         "command-for-vllm",
         "sglang-reserved",
+        "program-missing",
+        "sglang-missing",
+        "command-string",
+        "engine-null",
     ],
 )
 def test_serve_mistakes_are_one_usage_line(
@@ -177,3 +200,15 @@ def test_serve_mistakes_are_one_usage_line(
     result.stderr.fnmatch_lines([f"ERROR: configs/models.yaml: {message}"])
     assert "Traceback" not in result.stderr.str()
     assert starts(fake_vllm) == []
+
+
+def test_collect_only_reports_a_missing_engine_package(
+    pytester: pytest.Pytester, fake_vllm: Path
+) -> None:
+    """Not once per item at setup: one usage error before anything runs, collecting too."""
+    write_models(pytester.path, {"m1": {"model": "org/m1", "serve": {"engine": "sglang"}}})
+    result = pytester.runpytest_subprocess("benchmarks/", "--model", "m1", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: configs/models.yaml: models.m1.serve.engine: SGLang is not installed for *"]
+    )

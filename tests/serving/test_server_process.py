@@ -94,7 +94,7 @@ def test_health_timeout_reports_command_and_log_tail(
     assert "vLLM server for 'tiny' on GPU 3 was not healthy after 3 s; stopped it." in message
     assert " CUDA_VISIBLE_DEVICES=3 " in message.splitlines()[1]
     assert f"-m {VLLM_ENTRYPOINT} --model org/model" in message
-    assert f"log: {server.log_path} (last 40 lines):" in message
+    assert f"log: {server.log_path} (this start, last 40 lines):" in message
     assert "log line 59" in message and "log line 30" in message
     assert "log line 05" not in message  # only the tail
     assert not server.is_alive()
