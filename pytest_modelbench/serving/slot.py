@@ -229,9 +229,13 @@ class ServerSlot:
                 f"kept; re-run to continue). {self.log_excerpt()}"
             )
         self._restarts[model] = self._restarts.get(model, 0) + 1
-        warnings.warn(
+        # located at the server's log: no line of modelbench's code is shown with it
+        log = getattr(self.server, "log_path", None) or self.run_dir / "servers"
+        warnings.warn_explicit(
             ServerDiedWarning(f"{model}: {died or 'the server died'}; restarting it once"),
-            stacklevel=4,
+            ServerDiedWarning,
+            str(log),
+            0,
         )
         try:
             self.server.restart()

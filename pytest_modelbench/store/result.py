@@ -208,12 +208,13 @@ class EvalResult:
         if verdict is not None and verdict.setup_differs:
             values["setup_differs"] = verdict.setup_differs
         if verdict is not None:
-            values.update(
-                baseline=verdict.baseline_value,
-                delta=verdict.delta,
-                p_value=verdict.p_value,
-                rule=verdict.rule,
-            )
+            gate = {
+                "baseline": verdict.baseline_value,
+                "delta": verdict.delta,
+                "p_value": verdict.p_value,  # none for a rule without a test: no property
+                "rule": verdict.rule,
+            }
+            values.update((k, v) for k, v in gate.items() if v is not None)
             if verdict.stopped_at is not None:  # --mb-stop-early
                 values.update(n_used=verdict.stopped_at, n_planned=verdict.planned)
         for key, value in (("recomputed", self.recompute_reason), ("error", self.error)):

@@ -149,3 +149,18 @@ def test_holm_correction_decides_at_session_end(gated: tuple[Project, Any]) -> N
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*regressions after Holm correction*", "*regression of*"])
+
+
+def test_junit_has_no_p_value_for_a_rule_without_a_test(gated: tuple[Project, Any]) -> None:
+    """A floor (``min``) is not a statistical test: no ``mb_p_value`` property, not "None"."""
+    project, _ = gated
+    baseline(project, "qa: {min: 0.5}\n")
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--junitxml", "junit.xml"
+    )
+    result.assert_outcomes(passed=1)
+    props = {
+        p.get("name"): p.get("value") for p in ET.parse(project.root / "junit.xml").iter("property")
+    }
+    assert props["mb_verdict"] == "pass" and "mb_rule" in props
+    assert "mb_p_value" not in props

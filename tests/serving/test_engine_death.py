@@ -32,6 +32,11 @@ def test_the_root_cause_of_a_real_vllm_crash_is_found() -> None:
             "EngineDeadError: EngineCore encountered an issue.",  # only a wrapper: say that
         ),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", None),
+        (  # a server's argparse refusing a flag: its usage, then one "prog: error:" line
+            "usage: llama-server [-h] [--port PORT]\n"
+            "llama-server: error: unrecognized arguments: --bogus\n",
+            "error: unrecognized arguments: --bogus",
+        ),
     ],
 )
 def test_death_cause_variants(log: str, cause: str | None) -> None:
@@ -65,6 +70,7 @@ def test_a_dying_engine_fails_the_item_with_its_cause_and_log(
     assert f"m1: the vLLM server for 'm1' on GPU 0 {died}; restarting it once" in out
     assert f"m1-qa-seed0: the vLLM server for 'm1' on GPU 0 {died}; stopped the item. 4 of 5" in out
     assert "gave up after" not in out and "Traceback" not in out
+    assert "recover(item)" not in out  # the warning shows no line of modelbench's code
     rows = [
         json.loads(line)
         for line in (pytester.path / "runs" / "r" / "m1-qa-seed0" / "results.jsonl")
