@@ -196,3 +196,27 @@ def test_watchdog_stands_down_when_server_stops(tmp_path: Path) -> None:
     assert _wait_gone([dog], 10) == []  # the watchdog notices and exits
     assert not server.is_alive()
     server.stop()
+
+
+@pytest.mark.parametrize(
+    ("present", "why"),
+    [
+        (False, "could not start: '{}' not found (No such file or directory)"),
+        (True, "could not start: cannot run '{}' (Permission denied)"),  # not chmod +x
+    ],
+    ids=["missing", "not-executable"],
+)
+def test_a_program_that_cannot_run_is_a_start_error_not_an_os_error(
+    tmp_path: Path, present: bool, why: str
+) -> None:
+    """Popen's FileNotFoundError / PermissionError would read as a run-directory failure."""
+    program = tmp_path / "server"
+    if present:
+        program.write_text("#!/bin/sh\n")
+    process = ServerProcess(
+        lambda port: [str(program), str(port)], env={}, log_path=tmp_path / "s.log", label="srv"
+    )
+    with pytest.raises(ServerStartError) as caught:
+        process.start(5.0)
+    assert f"srv {why.format(program)}" in str(caught.value)
+    assert not process.is_alive()
