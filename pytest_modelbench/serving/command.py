@@ -70,8 +70,10 @@ def check_command(command: Sequence[str] | None, health: str | None) -> None:
 def check_program(command: Sequence[str]) -> None:
     """ValueError when the server's program (``serve.command[0]``) cannot be found or run
     here; a program named by a placeholder is found when the server starts."""
-    program = command[0]
-    if _fields(program) or shutil.which(program) is not None:
+    if _fields(command[0]):
+        return
+    program = command[0].format_map({})  # {{ and }}: literal braces
+    if shutil.which(program) is not None:
         return
     where = "not found" if "/" in program else "not found on PATH"
     raise ValueError(
