@@ -115,7 +115,8 @@ class ModelbenchSession:
     def plan(self) -> Plan:
         if self._plan is None:
             plan = build_plan(self.config_set, self.options, self.check_module)
-            check_engines(plan, self.config_set)
+            tx = self.config.getoption("tx", default=None) or []
+            check_engines(plan, self.config_set, [str(spec) for spec in tx])
             check_env_args(plan, self.options.env_args, self.backend_for)
             check_baseline_metrics(plan, self.config_set, self.backend_for)
             self._plan = plan

@@ -3,7 +3,7 @@ to fix, rather than an item error at run time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +17,12 @@ if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from pytest_modelbench.backends.protocol import Backend
 
 
-def check_engines(plan: Plan, config_set: ConfigSet) -> None:
+def check_engines(plan: Plan, config_set: ConfigSet, tx: Sequence[str] = ()) -> None:
     """Each served model's ``serve.engine`` and its settings: a usage error now, naming
-    the model's key in models.yaml, rather than an item error when its server starts."""
+    the model's key in models.yaml, rather than an item error when its server starts.
+    ``serve.command``'s program is looked up on this node's ``PATH`` only when every xdist
+    worker (``--tx``) runs on this node: another node may have it where this one does not
+    (its server start says so there)."""
     # lazily: loaded only when this runs, not at every pytest start-up
     from pytest_modelbench.serving.engines import engine_for
 
@@ -31,9 +34,20 @@ def check_engines(plan: Plan, config_set: ConfigSet) -> None:
         checked.add(item.model_name)
         try:
             engine_for(spec.serve)
+            if spec.serve and spec.serve.engine == "command" and _programs_here(tx):
+                from pytest_modelbench.serving.command import check_program
+
+                check_program(spec.serve.command or ())
         except ValueError as exc:
             where = display_path(config_set.models_path)
             raise ModelbenchUsageError(f"{where}: models.{item.model_name}.{exc}") from None
+
+
+def _programs_here(tx: Sequence[str]) -> bool:
+    """Whether every xdist worker runs on this node, so that its ``PATH`` is theirs."""
+    from pytest_modelbench.serving.exchange import tx_nodes
+
+    return not tx_nodes(tx)[1]
 
 
 def check_env_args(

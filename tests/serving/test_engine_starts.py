@@ -118,7 +118,11 @@ def test_a_server_that_dies_at_start_leads_with_its_cause_and_shows_only_this_st
     (log_path,) = (pytester.path / "runs" / "r" / "servers").glob("*-m1.log")
     log = log_path.read_text()
     assert log.count(": starting: ") == 2 * SEEDS
-    assert result.stdout.str().count(": starting: ") == SEEDS  # one start in each item's error
+    starts = [line for line in log.splitlines() if ": starting: " in line]
+    ports = [line.split("--port ")[1].split()[0] for line in starts]
+    shown = result.stdout.str()
+    assert not [p for p in ports[:SEEDS] if f"--port {p} " in shown]  # not the earlier session's
+    assert all(f"--port {p} " in shown for p in ports[SEEDS:])  # each item's own start
 
 
 def test_a_model_served_on_the_cpu_is_recorded_as_such(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -212,3 +214,24 @@ def test_collect_only_reports_a_missing_engine_package(
     result.stderr.fnmatch_lines(
         ["ERROR: configs/models.yaml: models.m1.serve.engine: SGLang is not installed for *"]
     )
+
+
+def test_a_missing_program_is_left_to_other_nodes_when_workers_run_there(
+    pytester: pytest.Pytester, fake_vllm: Path
+) -> None:
+    """Workers on another node (``--tx ssh=…``) look ``serve.command[0]`` up on their own
+    PATH: the controller's plan does not refuse a program only they have. Every worker on
+    this node: refused here, before anything runs."""
+    from pytest_modelbench.config import load_config_set
+    from pytest_modelbench.errors import ModelbenchUsageError
+    from pytest_modelbench.planning.item import Plan
+    from pytest_modelbench.session.plan_checks import check_engines
+
+    serve = {"engine": "command", "command": ["only-on-gpu-nodes", "--port", "{port}"]}
+    write_models(pytester.path, {"m1": {"model": "org/m1", "serve": serve}})
+    config_set = load_config_set(pytester.path / "configs")
+    item = SimpleNamespace(model=config_set.models["m1"], model_name="m1")
+    plan = cast(Plan, SimpleNamespace(items=[item]))
+    check_engines(plan, config_set, ["2*ssh=gpu-node//python=python3"])
+    with pytest.raises(ModelbenchUsageError, match="'only-on-gpu-nodes' not found on PATH"):
+        check_engines(plan, config_set, ["2*popen"])
