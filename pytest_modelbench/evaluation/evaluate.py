@@ -36,11 +36,12 @@ from pytest_modelbench.running.progress import NullProgress, ProgressSink
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.item_rows import ItemRows
-from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
+from pytest_modelbench.store.records import ItemMetadata, ItemStatus, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import resolve_run_ref
 from pytest_modelbench.store.runstore import ItemStore, RunStore
 from pytest_modelbench.store.setup import SetupRecord
+from pytest_modelbench.store.summary import ItemSummary
 
 if TYPE_CHECKING:
     from pytest_modelbench.gating.early import StopRule
@@ -94,17 +95,17 @@ def _serve(item: PlannedItem) -> dict[str, Any] | None:
     return spec.serve.model_dump(mode="json")
 
 
-def _whole_item_seconds(wall: float, summary: dict[str, Any]) -> tuple[float, bool]:
+def _whole_item_seconds(wall: float, summary: ItemSummary) -> tuple[float, bool]:
     """This session's wall time scaled to the whole item when part of it came from the journal."""
-    expected = int(summary.get("expected") or 0)
-    resumed = int(summary.get("resumed_examples") or 0)
+    expected = int(summary.expected or 0)
+    resumed = int(summary.resumed_examples or 0)
     computed = expected - resumed
     if resumed <= 0 or computed <= 0:
         return wall, False
     return wall * expected / computed, True
 
 
-def _entry(item: PlannedItem, summary: Mapping[str, Any]) -> ManifestEntry:
+def _entry(item: PlannedItem, summary: ItemSummary) -> ManifestEntry:
     """The manifest entry of an item with this summary."""
     return ManifestEntry.of_summary(
         summary, model=item.model_name, env=item.env, variant=item.variant.id, seed=item.seed
@@ -130,17 +131,17 @@ def _metadata(item: PlannedItem, fingerprint: str, parts: dict[str, Any]) -> Ite
     )
 
 
-def summarise(rows: ItemRows, outcome: Outcome) -> dict[str, Any]:
-    """The summary fields of a backend's outcome: its selected rows summarised (the one place
+def summarise(rows: ItemRows, outcome: Outcome) -> ItemSummary:
+    """The summary of a backend's outcome: its selected rows summarised (the one place
     every backend's rows are), then the metrics and fields the backend computed itself."""
     summary = summarise_rows(rows.rows(outcome.selected), outcome.metric_names, outcome.expected)
-    if outcome.metrics is not None:
-        summary["metrics"] = dict(outcome.metrics)
+    metrics: dict[str, Any] = dict(
+        outcome.metrics if outcome.metrics is not None else summary.metrics or {}
+    )
     for name, value in outcome.extra_metrics.items():
-        summary["metrics"].setdefault(name, value)
-    summary.update(outcome.fields)
-    summary["resumed_examples"] = outcome.resumed
-    return summary
+        metrics.setdefault(name, value)
+    summary = summary.with_fields(metrics=metrics).with_fields(**outcome.fields)
+    return summary.with_fields(resumed_examples=outcome.resumed)
 
 
 def _common_error(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -230,7 +231,7 @@ class ItemEvaluator:
         self,
         item: PlannedItem,
         metric: str,
-        summary: Mapping[str, Any],
+        summary: ItemSummary,
         directory: Path,
         reason: str | None = None,
         *,
@@ -262,7 +263,7 @@ class ItemEvaluator:
         fingerprint: str,
         parts: dict[str, Any],
         stop_key: str | None = None,
-    ) -> tuple[dict[str, Any] | None, str | None]:
+    ) -> tuple[ItemSummary | None, str | None]:
         """Take the item from the ``--restart`` run when it finished there with this fingerprint.
 
         Returns (summary, None) when seeded, (None, why not) when the old item is stale.
@@ -287,7 +288,7 @@ class ItemEvaluator:
         return summary, None
 
     def _settle_manifest(
-        self, item: PlannedItem, item_store: ItemStore, summary: Mapping[str, Any]
+        self, item: PlannedItem, item_store: ItemStore, summary: ItemSummary
     ) -> None:
         """Repair the manifest entry of a finished item read back (one manifest read per
         process, a write only when something is off)."""
@@ -350,7 +351,7 @@ class ItemEvaluator:
         item: PlannedItem,
         parts: Mapping[str, Any],
         identity: Mapping[str, Any] | None,
-        summary: Mapping[str, Any],
+        summary: ItemSummary,
     ) -> SetupRecord | None:
         """The setup this item was just evaluated under (see ``evaluation/setup.py``); None
         when it cannot be read (a checkpoint's files gone), which is never a failure. The
@@ -370,7 +371,7 @@ class ItemEvaluator:
                 identity=identity,
                 rows=[
                     {"system_fingerprint": fingerprint}
-                    for fingerprint in summary.get("system_fingerprints", ())
+                    for fingerprint in summary.system_fingerprints or ()
                 ]
                 if external
                 else (),
@@ -400,7 +401,7 @@ class ItemEvaluator:
         parts: dict[str, Any],
         endpoint: IdentityUnknown,
         item_store: ItemStore,
-        summary: dict[str, Any] | None,
+        summary: ItemSummary | None,
         stop_key: str | None = None,
     ) -> EvalResult:
         """The endpoint's identity could not be fetched: a finished item recorded at the same
@@ -429,7 +430,7 @@ class ItemEvaluator:
         metric: str,
         fingerprint: str,
         stop_rule: StopRule | None = None,
-    ) -> dict[str, Any]:
+    ) -> ItemSummary:
         """Run the backend (continuing the journal), write the summary; over the error budget
         the item fails with the most common error."""
         rows = item_store.open_rows()  # repaired: a crash may have torn the last line
@@ -468,14 +469,14 @@ class ItemEvaluator:
         serving = getattr(self.endpoints, "serving", None)
         replica_s = serving.replica_seconds(item.item_id) if serving is not None else 0.0
         if replica_s > 0 and wall > 0:  # its work on one server, for the duration memory
-            summary["server_s"] = round(seconds * (wall + replica_s) / wall, 3)
-        over_budget = summary["error_rate"] > self.options.error_budget
-        summary.update(
+            summary = summary.with_fields(server_s=round(seconds * (wall + replica_s) / wall, 3))
+        over_budget = (summary.error_rate or 0.0) > self.options.error_budget
+        summary = summary.with_fields(
             num_examples=item.num_examples,
             item_id=item.item_id,
             fingerprint=fingerprint,
             primary_metric=metric,
-            status="error" if over_budget else "finished",
+            status=ItemStatus.ERROR if over_budget else ItemStatus.FINISHED,
             duration_s=round(seconds, 3),
             wall_s=round(wall, 3),
             duration_estimated=estimated,
@@ -484,8 +485,8 @@ class ItemEvaluator:
         item_store.finish(summary, _entry(item, summary))
         if over_budget:
             raise EvaluationError(
-                f"{item.item_id}: {summary['errors']} of {summary['expected']} examples failed "
-                f"({summary['error_rate']:.1%} > error budget {self.options.error_budget:.0%}, "
+                f"{item.item_id}: {summary.errors} of {summary.expected} examples failed "
+                f"({summary.error_rate or 0.0:.1%} > error budget {self.options.error_budget:.0%}, "
                 f"--mb-error-budget){_common_error(rows.rows())}. Finished examples are kept; re-running "
                 "the same command retries only the failed ones"
             )

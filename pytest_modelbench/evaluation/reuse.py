@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_modelbench.planning.fingerprint import describe_changes, digest
-from pytest_modelbench.store.records import STOPPED, ItemStatus
+from pytest_modelbench.store.summary import ItemSummary
 
 
 class Reuse(enum.Enum):
@@ -41,7 +41,7 @@ def decide(
     fingerprint: str,
     parts: Mapping[str, Any],
     metadata: Mapping[str, Any] | None,
-    summary: Mapping[str, Any] | None,
+    summary: ItemSummary | None,
     journal_exists: bool,
     num_examples: int | None = None,
     stop_key: str | None = None,
@@ -56,9 +56,10 @@ def decide(
         return Decision(Reuse.RECOMPUTE, f"configuration changed: {changed}")
     if (
         summary
-        and summary.get("status") == ItemStatus.FINISHED
-        and summary.get("fingerprint") == fingerprint
-        and summary.get("num_examples", num_examples) == num_examples
+        and summary.finished
+        and summary.fingerprint == fingerprint
+        and (summary.num_examples if summary.num_examples is not None else num_examples)
+        == num_examples
         and _stop_matches(summary, stop_key)
     ):
         return Decision(Reuse.STORED)
@@ -69,10 +70,10 @@ def decide(
     return Decision(Reuse.RESUME)
 
 
-def _stop_matches(summary: Mapping[str, Any], stop_key: str | None) -> bool:
+def _stop_matches(summary: ItemSummary, stop_key: str | None) -> bool:
     """A summary of an item stopped early (``--mb-stop-early``) stands only under the same
     rule (baseline, margin, alpha); otherwise the item continues from its journal."""
-    stopped = summary.get(STOPPED)
+    stopped = summary.stopped_early
     return not isinstance(stopped, Mapping) or stopped.get("rule_key") == stop_key
 
 
@@ -82,7 +83,7 @@ def stored_unchecked(
     parts: Mapping[str, Any],
     urls: tuple[str, ...],
     metadata: Mapping[str, Any] | None,
-    summary: Mapping[str, Any] | None,
+    summary: ItemSummary | None,
     num_examples: int | None = None,
     stop_key: str | None = None,
 ) -> bool:
@@ -112,21 +113,18 @@ def stored_unchecked(
 def seedable(
     fingerprint: str,
     parts: Mapping[str, Any],
-    summary: Mapping[str, Any] | None,
+    summary: ItemSummary | None,
     metadata: Mapping[str, Any] | None,
     source: str,
     stop_key: str | None = None,
 ) -> tuple[bool, str | None]:
     """Whether a ``--restart`` run's item (its ``summary``/``metadata``) can be taken as is:
     (True, None); (False, why) when it is stale; (False, None) when it never finished."""
-    if not summary or summary.get("status") != ItemStatus.FINISHED:
+    if not summary or not summary.finished:
         return False, None
     if not _stop_matches(summary, stop_key):
         return False, f"not reused from {source}: it stopped early under another stop rule"
-    if (
-        summary.get("fingerprint") != fingerprint
-        or (metadata or {}).get("fingerprint") != fingerprint
-    ):
+    if summary.fingerprint != fingerprint or (metadata or {}).get("fingerprint") != fingerprint:
         changed = describe_changes((metadata or {}).get("fingerprint_parts", {}), parts)
         return False, f"not reused from {source}: configuration changed: {changed}"
     return True, None

@@ -212,7 +212,7 @@ def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> N
     """One warning line per item with more than :data:`TRUNCATION_WARN` of its replies cut off
     by the token budget: a low score there says "budget too small", not "model got worse"."""
     for result in _ordered(records):
-        replies = int(result.summary.get("n_scored") or 0)
+        replies = int(result.summary.n_scored or 0)
         if result.error is None and replies and result.truncated / replies > TRUNCATION_WARN:
             reporter.write_line(
                 f"warning: {result.item_id}: {result.truncation_note()}", yellow=True
@@ -273,7 +273,7 @@ def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path
     )
     for result in stored[:MAX_LISTED]:
         run = (manifest.get(result.item_id) or {}).get("seeded_from") or run_dir.name
-        finished = result.summary.get("finished_at", "?")
+        finished = result.summary.finished_at or "?"
         reporter.write_line(f"  {result.item_id}: {run}, finished {finished}")
     if len(stored) > MAX_LISTED:
         reporter.write_line(f"  ... and {len(stored) - MAX_LISTED} more (see run_manifest.json)")

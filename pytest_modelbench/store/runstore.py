@@ -33,6 +33,7 @@ from pytest_modelbench.store.records import (
     ItemStatus,
     ManifestEntry,
 )
+from pytest_modelbench.store.summary import ItemSummary
 
 MANIFEST = "run_manifest.json"
 JOURNAL = "results.jsonl"
@@ -40,7 +41,6 @@ SUMMARY = "summary.json"
 METADATA = "metadata.json"
 RESULT = "result.json"  # store.result.EvalResult: the item's verdict
 SELECTION = "selection.json"  # the (example, rollout) keys the summary covers
-SELECTED_KEYS = "selected_keys"  # where a summary being finished carries them (not written)
 SELECTION_VERSION = 1
 
 
@@ -65,8 +65,9 @@ class ItemStore:
     def metadata_path(self) -> Path:
         return self.directory / METADATA
 
-    def read_summary(self) -> dict[str, Any] | None:
-        return read_json(self.summary_path)
+    def read_summary(self) -> ItemSummary | None:
+        data = read_json(self.summary_path)
+        return None if data is None else ItemSummary.from_json(data)
 
     def read_metadata(self) -> dict[str, Any] | None:
         return read_json(self.metadata_path)
@@ -87,11 +88,11 @@ class ItemStore:
         closed by the caller before it summarises the rows and finishes the item."""
         return ItemRows.open(self.journal)
 
-    def finish(self, summary: dict[str, Any], entry: ManifestEntry) -> None:
-        """The keys the summary covers (taken out of ``summary``), the item's summary, then its
+    def finish(self, summary: ItemSummary, entry: ManifestEntry) -> None:
+        """The keys the summary covers (its ``selected``), the item's summary, then its
         manifest entry (a kill between them is repaired by :meth:`settle` when the item is next
         read back)."""
-        selected = summary.pop(SELECTED_KEYS, None)
+        selected = summary.selected
         if selected is not None:
             atomic_write_json(
                 self.directory / SELECTION,
@@ -100,18 +101,18 @@ class ItemStore:
         self.write_summary(summary)
         self._manifest(entry)
 
-    def selection(self, summary: Mapping[str, Any]) -> set[tuple[str, int]] | None:
+    def selection(self, summary: ItemSummary) -> set[tuple[str, int]] | None:
         """The (example, rollout) keys ``summary`` covers, or None when not recorded (an item
         finished by an older version) or not this summary's (another count of rows)."""
         data = read_json(self.directory / SELECTION)
         if not isinstance(data, dict) or data.get("schema_version") != SELECTION_VERSION:
             return None
         keys = data.get("keys")
-        if not isinstance(keys, list) or len(keys) != summary.get("n_rows"):
+        if not isinstance(keys, list) or len(keys) != summary.n_rows:
             return None
         return {(str(key[0]), int(key[1])) for key in keys}
 
-    def selected_rows(self, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def selected_rows(self, summary: ItemSummary) -> list[dict[str, Any]]:
         """The journal's last row of each key ``summary`` covers (each rollout once), in file
         order; every key's last row when the selection is not recorded."""
         keys = self.selection(summary)
@@ -146,8 +147,10 @@ class ItemStore:
         if self.run is not None:
             self.run.update_item(self.item_id, **fields)
 
-    def write_summary(self, summary: Mapping[str, Any]) -> None:
-        atomic_write_json(self.summary_path, {"schema_version": SUMMARY_VERSION, **summary})
+    def write_summary(self, summary: ItemSummary) -> None:
+        atomic_write_json(
+            self.summary_path, {"schema_version": SUMMARY_VERSION, **summary.to_json()}
+        )
 
     def clear_summary(self) -> None:
         """Remove the summary and the item's saved record (``result.json``): both describe
