@@ -1,8 +1,10 @@
 """Evaluate one item on a worker: reuse finished results, resume journals, run the backend.
 
-What is reused is decided in :mod:`~pytest_modelbench.evaluation.reuse`; the
-item's files and manifest entry are kept by its
-:class:`~pytest_modelbench.store.runstore.ItemStore` (``begin``/``finish``).
+The evaluator owns the item's life and makes its decisions: it reads the item's
+stored state once (:meth:`ItemStore.state <pytest_modelbench.store.runstore.ItemStore.state>`),
+:mod:`~pytest_modelbench.evaluation.reuse` decides from it, and the item takes one of the
+store's transitions: ``settle`` (stored results stand), ``seeded`` (from the ``--restart``
+run), or ``start`` → rows → ``finish`` (evaluated).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pytest_modelbench.store.item_rows import ItemRows
 from pytest_modelbench.store.records import ItemMetadata, ItemStatus, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import resolve_run_ref
-from pytest_modelbench.store.runstore import ItemStore, RunStore
+from pytest_modelbench.store.runstore import ItemState, ItemStore, RunStore
 from pytest_modelbench.store.setup import SetupRecord
 from pytest_modelbench.store.summary import ItemSummary
 
@@ -272,11 +274,10 @@ class ItemEvaluator:
         if source is None:
             return None, None
         old = ItemStore(source / item_store.directory.name)
-        summary = old.read_summary()
-        ok, why_not = seedable(
-            fingerprint, parts, summary, old.read_metadata(), source.name, stop_key
-        )
-        if not ok or summary is None or not old.journal.path.exists():
+        state = old.state()
+        ok, why_not = seedable(fingerprint, parts, state, source.name, stop_key)
+        summary = state.summary
+        if not ok or summary is None:
             return None, why_not
         entry = _entry(item, summary)
         item_store.seeded(
@@ -302,26 +303,24 @@ class ItemEvaluator:
         metric = backend.primary_metric(item)
         parts = fingerprint_parts(item, backend)
         endpoint = self.endpoints.identity(item)
-        summary = item_store.read_summary()
+        state = item_store.state()  # the one read of what is stored; then one transition
         stop_rule = self._stop_rule(item, backend, metric)
         stop_key = stop_rule.key if stop_rule else None
         if isinstance(endpoint, IdentityUnknown):
-            return self._unchecked(item, metric, parts, endpoint, item_store, summary, stop_key)
+            return self._unchecked(item, metric, parts, endpoint, item_store, state, stop_key)
         if endpoint is not None:
             parts["endpoint"] = endpoint
         fingerprint = digest(parts)
-        journal_exists = item_store.journal.path.exists()
         decision = decide(
             force=self.options.force,
             fingerprint=fingerprint,
             parts=parts,
-            metadata=item_store.read_metadata(),
-            summary=summary,
-            journal_exists=journal_exists,
+            state=state,
             num_examples=item.num_examples,
             stop_key=stop_key,
         )
         reason = decision.reason
+        summary = state.summary
         if decision.action is Reuse.STORED:
             assert summary is not None
             self._settle_manifest(item, item_store, summary)
@@ -337,10 +336,10 @@ class ItemEvaluator:
                     item, metric, seeded, item_store.directory, from_store=True, setup=setup
                 )
         start_over = None
-        if reason and (journal_exists or summary):
+        if reason and state.stored:
             start_over = "forced" if self.options.force else "stale"
-        item_store.begin(_metadata(item, fingerprint, parts), start_over=start_over)
-        summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
+        rows = item_store.start(_metadata(item, fingerprint, parts), start_over=start_over)
+        summary = self._run(item, backend, item_store, rows, metric, fingerprint, stop_rule)
         setup = self._setup(item, parts, endpoint, summary)
         return self._result(
             item, metric, summary, item_store.directory, reason, from_store=False, setup=setup
@@ -401,18 +400,18 @@ class ItemEvaluator:
         parts: dict[str, Any],
         endpoint: IdentityUnknown,
         item_store: ItemStore,
-        summary: ItemSummary | None,
+        state: ItemState,
         stop_key: str | None = None,
     ) -> EvalResult:
         """The endpoint's identity could not be fetched: a finished item recorded at the same
         URLs is reported from the store, marked as not checked; anything that would send
         requests fails with the pre-flight's message, and nothing stored is touched."""
+        summary = state.summary
         if summary is None or not stored_unchecked(
             force=self.options.force,
             parts=parts,
             urls=endpoint.urls,
-            metadata=item_store.read_metadata(),
-            summary=summary,
+            state=state,
             num_examples=item.num_examples,
             stop_key=stop_key,
         ):
@@ -427,13 +426,14 @@ class ItemEvaluator:
         item: PlannedItem,
         backend: Backend,
         item_store: ItemStore,
+        rows: ItemRows,
         metric: str,
         fingerprint: str,
         stop_rule: StopRule | None = None,
     ) -> ItemSummary:
-        """Run the backend (continuing the journal), write the summary; over the error budget
-        the item fails with the most common error."""
-        rows = item_store.open_rows()  # repaired: a crash may have torn the last line
+        """Run the backend on the item's opened journal (``rows``: repaired, with what is
+        done), write the summary; over the error budget the item fails with the most common
+        error."""
         started = time.time()
         try:
             try:

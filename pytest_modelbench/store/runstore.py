@@ -45,9 +45,27 @@ SELECTION_VERSION = 1
 
 
 @dataclass(frozen=True)
+class ItemState:
+    """What the store holds of one item when it is next evaluated: its files read once, for
+    the reuse decision (``evaluation/reuse.py``) to choose the item's next transition."""
+
+    summary: ItemSummary | None  # summary.json (None: none, or damaged)
+    metadata: dict[str, Any] | None  # metadata.json: the configuration the journal was made by
+    journal: bool  # results.jsonl exists: rows of an earlier session
+
+    @property
+    def stored(self) -> bool:
+        """Anything at all is stored (a decision to start over then moves it aside)."""
+        return self.journal or bool(self.summary)
+
+
+@dataclass(frozen=True)
 class ItemStore:
-    """Files of one item: ``results.jsonl``, ``summary.json``, ``metadata.json``; and, through
-    :meth:`begin`, :meth:`finish` and :meth:`fail`, the item's entry in the run's manifest."""
+    """One item in the store, and its state machine: :meth:`state` reads what is stored;
+    the evaluator (the one owner of the item's life) then takes one transition:
+    :meth:`settle` (stored results stand), :meth:`seeded` (taken from the ``--restart`` run)
+    or :meth:`start` → rows → :meth:`finish` (evaluated), :meth:`fail` or :meth:`interrupted`
+    on the way. Each writes the item's files and its entry in the run's manifest together."""
 
     directory: Path
     item_id: str = ""
@@ -65,6 +83,14 @@ class ItemStore:
     def metadata_path(self) -> Path:
         return self.directory / METADATA
 
+    def state(self) -> ItemState:
+        """The item's stored summary, metadata and whether a journal exists."""
+        return ItemState(
+            summary=self.read_summary(),
+            metadata=self.read_metadata(),
+            journal=self.journal.path.exists(),
+        )
+
     def read_summary(self) -> ItemSummary | None:
         data = read_json(self.summary_path)
         return None if data is None else ItemSummary.from_json(data)
@@ -72,16 +98,18 @@ class ItemStore:
     def read_metadata(self) -> dict[str, Any] | None:
         return read_json(self.metadata_path)
 
-    # -- bookkeeping: item files and manifest entry together ---------------------------------
-    def begin(self, metadata: ItemMetadata, *, start_over: str | None = None) -> None:
-        """Before the first request: the resolved configuration, and the entry as running.
-        ``start_over`` (why: ``stale``, ``forced``): the journal is moved aside and the summary
-        removed first, so the item starts from nothing."""
+    # -- transitions: item files and manifest entry together ---------------------------------
+    def start(self, metadata: ItemMetadata, *, start_over: str | None = None) -> ItemRows:
+        """Before the first request: the resolved configuration, the entry as running, and the
+        item's journal opened for its rows (:meth:`open_rows`). ``start_over`` (why: ``stale``,
+        ``forced``): the journal is moved aside and the summary removed first, so the item
+        starts from nothing."""
         if start_over is not None:
             self.journal.discard(start_over)
             self.clear_summary()
         atomic_write_json(self.metadata_path, metadata.to_json())
         self._manifest(ManifestEntry.running(metadata))
+        return self.open_rows()
 
     def open_rows(self) -> ItemRows:
         """The item's journal for its run, repaired, with the units already done (resume);
