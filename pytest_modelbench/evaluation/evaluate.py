@@ -162,7 +162,7 @@ class ItemEvaluator:
         options: RunOptions,
         store: RunStore,
         endpoints: EndpointManager,
-        resolve: Any,
+        resolve: Callable[[str], Backend | None],
         progress: ProgressSink | None = None,
     ) -> None:
         self.options = options
@@ -190,7 +190,9 @@ class ItemEvaluator:
             self.endpoints.item_done()
 
     def _evaluate_once(self, item: PlannedItem) -> EvalResult:
-        backend: Backend = self.resolve(item.variant.module)
+        backend = self.resolve(item.variant.module)
+        if backend is None:  # the session's resolver names the unknown module itself
+            raise EvaluationError(f"{item.item_id}: no backend for module {item.variant.module!r}")
         item_store = self.store.item(item.item_id)
         try:
             item_store.directory.mkdir(parents=True, exist_ok=True)
