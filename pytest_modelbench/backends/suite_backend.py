@@ -156,8 +156,7 @@ class SuiteBackend:
                         sink,
                         settings,
                         ctx.progress,
-                        may_stop=stopper is not None,
-                        order=stopper,
+                        order=stopper,  # --mb-stop-early: the item may stop
                     )
                 finally:
                     for task in tasks:
