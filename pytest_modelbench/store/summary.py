@@ -19,12 +19,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
+from pytest_modelbench.store.journal import Key
 from pytest_modelbench.store.records import SUMMARY_VERSION, ItemStatus
-
-Key = tuple[str, int]  # (example_id, rollout)
 
 
 def _typed(name: str, value: Any) -> Any:
@@ -41,7 +40,9 @@ def _typed(name: str, value: Any) -> Any:
     return value
 
 
+@cache
 def _known(cls: type) -> tuple[str, ...]:
+    """The record's fields written to the file, in order (``extra`` and the like are not)."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("json", True))
 
 
