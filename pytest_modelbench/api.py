@@ -20,6 +20,7 @@ from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION, ItemStatus, JournalRow
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import RunItem, RunLog, RunStatus, read_run
+from pytest_modelbench.store.summary import ItemSummary, MetricSummary
 from pytest_modelbench.store.verdict import Verdict
 from pytest_modelbench.suites.contract import Example, Score, Suite
 
@@ -36,7 +37,9 @@ __all__ = [
     "Example",
     "ItemContext",
     "ItemStatus",
+    "ItemSummary",
     "JournalRow",
+    "MetricSummary",
     "ModelbenchUsageError",
     "Outcome",
     "PlannedItem",

@@ -33,6 +33,7 @@ from pytest_modelbench.planning.item import PlannedItem
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION
 from pytest_modelbench.suites.contract import (
     Example,
+    Suite,
     aggregate_extra,
     preflight,
     summary_fields,
@@ -403,7 +404,7 @@ class SolutionsOrSuite:
         self.name = suites.name
 
     @property
-    def suite(self) -> Any:
+    def suite(self) -> Suite:
         return self.suites.suite
 
     def primary_metric(self, item: PlannedItem) -> str:

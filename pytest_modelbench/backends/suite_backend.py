@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pytest_modelbench.backends.protocol import ItemContext
     from pytest_modelbench.gating.early import EarlyStopper
     from pytest_modelbench.planning.item import PlannedItem
+    from pytest_modelbench.running.runner import LoopStats
 
 SCORER_VERSION = 1
 PARSE_CHUNK = 64  # journal lines parsed between two turns of the event loop (about 1 ms)
@@ -123,7 +124,7 @@ class SuiteBackend:
                 sink = _StoppingSink(ctx.rows, stopper)
         ctx.progress.start(item.item_id, total, len(done))
 
-        async def main() -> Any:
+        async def main() -> LoopStats:
             # extra_body is merged into the sampling args and extra_headers kept apart when the
             # configuration is read (config.schema.split_request_args): the headers travel with
             # the endpoint (evaluation.endpoints), so every request carries them and no file
@@ -155,8 +156,7 @@ class SuiteBackend:
                         sink,
                         settings,
                         ctx.progress,
-                        may_stop=stopper is not None,
-                        order=stopper,
+                        order=stopper,  # --mb-stop-early: the item may stop
                     )
                 finally:
                     for task in tasks:
@@ -190,7 +190,7 @@ class SuiteBackend:
         stopper: EarlyStopper,
         selected: Callable[[tuple[str, int]], bool],
         done: frozenset[tuple[str, int]],
-        loop_stats: Any,
+        loop_stats: LoopStats | None,
         rollouts: int,
     ) -> Outcome:
         """The outcome of an item stopped once certain: the prefix the decision read, and the
@@ -231,7 +231,7 @@ class SuiteBackend:
         wanted: Callable[[tuple[str, int]], bool],
         total: int,
         done: frozenset[tuple[str, int]],
-        loop_stats: Any,
+        loop_stats: LoopStats | None,
         fields: dict[str, Any],
     ) -> Outcome:
         """The selected rows, the suite's own fields and metrics (and this session's loop

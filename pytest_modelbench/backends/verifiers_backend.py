@@ -10,11 +10,15 @@ verifiers 0.1.14 to 0.3.x). The line is decided once per id and process, on firs
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.backends.protocol import ItemContext, Outcome
 from pytest_modelbench.backends.verifiers_common import line_of, require_extra
 from pytest_modelbench.planning.item import PlannedItem
+
+if TYPE_CHECKING:  # each line's module is imported when an item of it runs (start-up time)
+    from pytest_modelbench.backends.verifiers_classic import ClassicEnvironment
+    from pytest_modelbench.backends.verifiers_v1 import V1Taskset
 
 
 class VerifiersBackend:
@@ -23,9 +27,9 @@ class VerifiersBackend:
     def __init__(self, env_id: str) -> None:
         self.env_id = env_id
         self.name = f"verifiers:{env_id}"
-        self._impl: Any = None
+        self._impl: V1Taskset | ClassicEnvironment | None = None
 
-    def implementation(self, item: PlannedItem) -> Any:
+    def implementation(self, item: PlannedItem) -> V1Taskset | ClassicEnvironment:
         if self._impl is None:
             where = f"{Path(item.variant.source).name}: variant {item.variant.id!r}"
             if line_of(self.env_id, where) == "v1":

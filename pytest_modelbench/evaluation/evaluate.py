@@ -1,8 +1,10 @@
 """Evaluate one item on a worker: reuse finished results, resume journals, run the backend.
 
-What is reused is decided in :mod:`~pytest_modelbench.evaluation.reuse`; the
-item's files and manifest entry are kept by its
-:class:`~pytest_modelbench.store.runstore.ItemStore` (``begin``/``finish``).
+The evaluator owns the item's life and makes its decisions: it reads the item's
+stored state once (:meth:`ItemStore.state <pytest_modelbench.store.runstore.ItemStore.state>`),
+:mod:`~pytest_modelbench.evaluation.reuse` decides from it, and the item takes one of the
+store's transitions: ``settle`` (stored results stand), ``seeded`` (from the ``--restart``
+run), or ``start`` → rows → ``finish`` (evaluated).
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ from pytest_modelbench.running.progress import NullProgress, ProgressSink
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.item_rows import ItemRows
-from pytest_modelbench.store.records import ItemMetadata, ManifestEntry
+from pytest_modelbench.store.records import ItemMetadata, ItemStatus, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import resolve_run_ref
-from pytest_modelbench.store.runstore import ItemStore, RunStore
+from pytest_modelbench.store.runstore import ItemState, ItemStore, RunStore
 from pytest_modelbench.store.setup import SetupRecord
+from pytest_modelbench.store.summary import ItemSummary
 
 if TYPE_CHECKING:
     from pytest_modelbench.gating.early import StopRule
@@ -94,17 +97,17 @@ def _serve(item: PlannedItem) -> dict[str, Any] | None:
     return spec.serve.model_dump(mode="json")
 
 
-def _whole_item_seconds(wall: float, summary: dict[str, Any]) -> tuple[float, bool]:
+def _whole_item_seconds(wall: float, summary: ItemSummary) -> tuple[float, bool]:
     """This session's wall time scaled to the whole item when part of it came from the journal."""
-    expected = int(summary.get("expected") or 0)
-    resumed = int(summary.get("resumed_examples") or 0)
+    expected = int(summary.expected or 0)
+    resumed = int(summary.resumed_examples or 0)
     computed = expected - resumed
     if resumed <= 0 or computed <= 0:
         return wall, False
     return wall * expected / computed, True
 
 
-def _entry(item: PlannedItem, summary: Mapping[str, Any]) -> ManifestEntry:
+def _entry(item: PlannedItem, summary: ItemSummary) -> ManifestEntry:
     """The manifest entry of an item with this summary."""
     return ManifestEntry.of_summary(
         summary, model=item.model_name, env=item.env, variant=item.variant.id, seed=item.seed
@@ -130,17 +133,17 @@ def _metadata(item: PlannedItem, fingerprint: str, parts: dict[str, Any]) -> Ite
     )
 
 
-def summarise(rows: ItemRows, outcome: Outcome) -> dict[str, Any]:
-    """The summary fields of a backend's outcome: its selected rows summarised (the one place
+def summarise(rows: ItemRows, outcome: Outcome) -> ItemSummary:
+    """The summary of a backend's outcome: its selected rows summarised (the one place
     every backend's rows are), then the metrics and fields the backend computed itself."""
     summary = summarise_rows(rows.rows(outcome.selected), outcome.metric_names, outcome.expected)
-    if outcome.metrics is not None:
-        summary["metrics"] = dict(outcome.metrics)
+    metrics: dict[str, Any] = dict(
+        outcome.metrics if outcome.metrics is not None else summary.metrics or {}
+    )
     for name, value in outcome.extra_metrics.items():
-        summary["metrics"].setdefault(name, value)
-    summary.update(outcome.fields)
-    summary["resumed_examples"] = outcome.resumed
-    return summary
+        metrics.setdefault(name, value)
+    summary = summary.with_fields(metrics=metrics).with_fields(**outcome.fields)
+    return summary.with_fields(resumed_examples=outcome.resumed)
 
 
 def _common_error(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -159,7 +162,7 @@ class ItemEvaluator:
         options: RunOptions,
         store: RunStore,
         endpoints: EndpointManager,
-        resolve: Any,
+        resolve: Callable[[str], Backend | None],
         progress: ProgressSink | None = None,
     ) -> None:
         self.options = options
@@ -187,7 +190,9 @@ class ItemEvaluator:
             self.endpoints.item_done()
 
     def _evaluate_once(self, item: PlannedItem) -> EvalResult:
-        backend: Backend = self.resolve(item.variant.module)
+        backend = self.resolve(item.variant.module)
+        if backend is None:  # the session's resolver names the unknown module itself
+            raise EvaluationError(f"{item.item_id}: no backend for module {item.variant.module!r}")
         item_store = self.store.item(item.item_id)
         try:
             item_store.directory.mkdir(parents=True, exist_ok=True)
@@ -230,7 +235,7 @@ class ItemEvaluator:
         self,
         item: PlannedItem,
         metric: str,
-        summary: Mapping[str, Any],
+        summary: ItemSummary,
         directory: Path,
         reason: str | None = None,
         *,
@@ -262,7 +267,7 @@ class ItemEvaluator:
         fingerprint: str,
         parts: dict[str, Any],
         stop_key: str | None = None,
-    ) -> tuple[dict[str, Any] | None, str | None]:
+    ) -> tuple[ItemSummary | None, str | None]:
         """Take the item from the ``--restart`` run when it finished there with this fingerprint.
 
         Returns (summary, None) when seeded, (None, why not) when the old item is stale.
@@ -271,11 +276,10 @@ class ItemEvaluator:
         if source is None:
             return None, None
         old = ItemStore(source / item_store.directory.name)
-        summary = old.read_summary()
-        ok, why_not = seedable(
-            fingerprint, parts, summary, old.read_metadata(), source.name, stop_key
-        )
-        if not ok or summary is None or not old.journal.path.exists():
+        state = old.state()
+        ok, why_not = seedable(fingerprint, parts, state, source.name, stop_key)
+        summary = state.summary
+        if not ok or summary is None:
             return None, why_not
         entry = _entry(item, summary)
         item_store.seeded(
@@ -287,7 +291,7 @@ class ItemEvaluator:
         return summary, None
 
     def _settle_manifest(
-        self, item: PlannedItem, item_store: ItemStore, summary: Mapping[str, Any]
+        self, item: PlannedItem, item_store: ItemStore, summary: ItemSummary
     ) -> None:
         """Repair the manifest entry of a finished item read back (one manifest read per
         process, a write only when something is off)."""
@@ -301,26 +305,24 @@ class ItemEvaluator:
         metric = backend.primary_metric(item)
         parts = fingerprint_parts(item, backend)
         endpoint = self.endpoints.identity(item)
-        summary = item_store.read_summary()
+        state = item_store.state()  # the one read of what is stored; then one transition
         stop_rule = self._stop_rule(item, backend, metric)
         stop_key = stop_rule.key if stop_rule else None
         if isinstance(endpoint, IdentityUnknown):
-            return self._unchecked(item, metric, parts, endpoint, item_store, summary, stop_key)
+            return self._unchecked(item, metric, parts, endpoint, item_store, state, stop_key)
         if endpoint is not None:
             parts["endpoint"] = endpoint
         fingerprint = digest(parts)
-        journal_exists = item_store.journal.path.exists()
         decision = decide(
             force=self.options.force,
             fingerprint=fingerprint,
             parts=parts,
-            metadata=item_store.read_metadata(),
-            summary=summary,
-            journal_exists=journal_exists,
+            state=state,
             num_examples=item.num_examples,
             stop_key=stop_key,
         )
         reason = decision.reason
+        summary = state.summary
         if decision.action is Reuse.STORED:
             assert summary is not None
             self._settle_manifest(item, item_store, summary)
@@ -336,10 +338,10 @@ class ItemEvaluator:
                     item, metric, seeded, item_store.directory, from_store=True, setup=setup
                 )
         start_over = None
-        if reason and (journal_exists or summary):
+        if reason and state.stored:
             start_over = "forced" if self.options.force else "stale"
-        item_store.begin(_metadata(item, fingerprint, parts), start_over=start_over)
-        summary = self._run(item, backend, item_store, metric, fingerprint, stop_rule)
+        rows = item_store.start(_metadata(item, fingerprint, parts), start_over=start_over)
+        summary = self._run(item, backend, item_store, rows, metric, fingerprint, stop_rule)
         setup = self._setup(item, parts, endpoint, summary)
         return self._result(
             item, metric, summary, item_store.directory, reason, from_store=False, setup=setup
@@ -350,7 +352,7 @@ class ItemEvaluator:
         item: PlannedItem,
         parts: Mapping[str, Any],
         identity: Mapping[str, Any] | None,
-        summary: Mapping[str, Any],
+        summary: ItemSummary,
     ) -> SetupRecord | None:
         """The setup this item was just evaluated under (see ``evaluation/setup.py``); None
         when it cannot be read (a checkpoint's files gone), which is never a failure. The
@@ -371,7 +373,7 @@ class ItemEvaluator:
                 gpus=self.endpoints.gpus_of(item),
                 rows=[
                     {"system_fingerprint": fingerprint}
-                    for fingerprint in summary.get("system_fingerprints", ())
+                    for fingerprint in summary.system_fingerprints or ()
                 ]
                 if external
                 else (),
@@ -401,18 +403,18 @@ class ItemEvaluator:
         parts: dict[str, Any],
         endpoint: IdentityUnknown,
         item_store: ItemStore,
-        summary: dict[str, Any] | None,
+        state: ItemState,
         stop_key: str | None = None,
     ) -> EvalResult:
         """The endpoint's identity could not be fetched: a finished item recorded at the same
         URLs is reported from the store, marked as not checked; anything that would send
         requests fails with the pre-flight's message, and nothing stored is touched."""
+        summary = state.summary
         if summary is None or not stored_unchecked(
             force=self.options.force,
             parts=parts,
             urls=endpoint.urls,
-            metadata=item_store.read_metadata(),
-            summary=summary,
+            state=state,
             num_examples=item.num_examples,
             stop_key=stop_key,
         ):
@@ -427,13 +429,14 @@ class ItemEvaluator:
         item: PlannedItem,
         backend: Backend,
         item_store: ItemStore,
+        rows: ItemRows,
         metric: str,
         fingerprint: str,
         stop_rule: StopRule | None = None,
-    ) -> dict[str, Any]:
-        """Run the backend (continuing the journal), write the summary; over the error budget
-        the item fails with the most common error."""
-        rows = item_store.open_rows()  # repaired: a crash may have torn the last line
+    ) -> ItemSummary:
+        """Run the backend on the item's opened journal (``rows``: repaired, with what is
+        done), write the summary; over the error budget the item fails with the most common
+        error."""
         started = time.time()
         try:
             try:
@@ -469,14 +472,14 @@ class ItemEvaluator:
         serving = getattr(self.endpoints, "serving", None)
         replica_s = serving.replica_seconds(item.item_id) if serving is not None else 0.0
         if replica_s > 0 and wall > 0:  # its work on one server, for the duration memory
-            summary["server_s"] = round(seconds * (wall + replica_s) / wall, 3)
-        over_budget = summary["error_rate"] > self.options.error_budget
-        summary.update(
+            summary = summary.with_fields(server_s=round(seconds * (wall + replica_s) / wall, 3))
+        over_budget = (summary.error_rate or 0.0) > self.options.error_budget
+        summary = summary.with_fields(
             num_examples=item.num_examples,
             item_id=item.item_id,
             fingerprint=fingerprint,
             primary_metric=metric,
-            status="error" if over_budget else "finished",
+            status=ItemStatus.ERROR if over_budget else ItemStatus.FINISHED,
             duration_s=round(seconds, 3),
             wall_s=round(wall, 3),
             duration_estimated=estimated,
@@ -485,8 +488,8 @@ class ItemEvaluator:
         item_store.finish(summary, _entry(item, summary))
         if over_budget:
             raise EvaluationError(
-                f"{item.item_id}: {summary['errors']} of {summary['expected']} examples failed "
-                f"({summary['error_rate']:.1%} > error budget {self.options.error_budget:.0%}, "
+                f"{item.item_id}: {summary.errors} of {summary.expected} examples failed "
+                f"({summary.error_rate or 0.0:.1%} > error budget {self.options.error_budget:.0%}, "
                 f"--mb-error-budget){_common_error(rows.rows())}. Finished examples are kept; re-running "
                 "the same command retries only the failed ones"
             )

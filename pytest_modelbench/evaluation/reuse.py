@@ -10,13 +10,15 @@ identity cannot be fetched, a finished item recorded at the same URLs still answ
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_modelbench.planning.fingerprint import describe_changes, digest
-from pytest_modelbench.store.records import STOPPED, ItemStatus
+from pytest_modelbench.store.runstore import ItemState
+from pytest_modelbench.store.summary import ItemSummary
 
 
 class Reuse(enum.Enum):
@@ -40,15 +42,14 @@ def decide(
     force: bool,
     fingerprint: str,
     parts: Mapping[str, Any],
-    metadata: Mapping[str, Any] | None,
-    summary: Mapping[str, Any] | None,
-    journal_exists: bool,
+    state: ItemState,
     num_examples: int | None = None,
     stop_key: str | None = None,
 ) -> Decision:
-    """What to do with an item whose store holds ``metadata``/``summary``/a journal. A finished
+    """What to do with an item whose store holds ``state`` (metadata, summary, a journal). A finished
     summary of another ``--num-examples`` is resumed: the journal answers the examples it holds,
     only missing ones are requested, and the summary covers exactly the selected examples."""
+    metadata, summary = state.metadata, state.summary
     if force:
         return Decision(Reuse.RECOMPUTE, "--force")
     if metadata is not None and metadata.get("fingerprint") != fingerprint:
@@ -56,23 +57,24 @@ def decide(
         return Decision(Reuse.RECOMPUTE, f"configuration changed: {changed}")
     if (
         summary
-        and summary.get("status") == ItemStatus.FINISHED
-        and summary.get("fingerprint") == fingerprint
-        and summary.get("num_examples", num_examples) == num_examples
+        and summary.finished
+        and summary.fingerprint == fingerprint
+        and (summary.num_examples if summary.num_examples is not None else num_examples)
+        == num_examples
         and _stop_matches(summary, stop_key)
     ):
         return Decision(Reuse.STORED)
     if metadata is None:
-        if journal_exists or summary:
+        if state.stored:
             return Decision(Reuse.RECOMPUTE, MISSING_METADATA)
         return Decision(Reuse.SEED)
     return Decision(Reuse.RESUME)
 
 
-def _stop_matches(summary: Mapping[str, Any], stop_key: str | None) -> bool:
+def _stop_matches(summary: ItemSummary, stop_key: str | None) -> bool:
     """A summary of an item stopped early (``--mb-stop-early``) stands only under the same
     rule (baseline, margin, alpha); otherwise the item continues from its journal."""
-    stopped = summary.get(STOPPED)
+    stopped = summary.stopped_early
     return not isinstance(stopped, Mapping) or stopped.get("rule_key") == stop_key
 
 
@@ -81,8 +83,7 @@ def stored_unchecked(
     force: bool,
     parts: Mapping[str, Any],
     urls: tuple[str, ...],
-    metadata: Mapping[str, Any] | None,
-    summary: Mapping[str, Any] | None,
+    state: ItemState,
     num_examples: int | None = None,
     stop_key: str | None = None,
 ) -> bool:
@@ -90,7 +91,8 @@ def stored_unchecked(
     its recorded ``fingerprint_parts`` equal ``parts`` (which lack the identity) but for what the
     endpoint said, recorded at these same ``urls``. Re-reporting needs no network; another URL
     is never taken on trust."""
-    if force or metadata is None:
+    metadata = state.metadata
+    if force or metadata is None or state.summary is None:
         return False
     recorded = (metadata.get("fingerprint_parts") or {}).get("endpoint")
     if not isinstance(recorded, Mapping) or recorded.get("urls") != list(urls):
@@ -100,9 +102,7 @@ def stored_unchecked(
         force=False,
         fingerprint=fingerprint,
         parts=parts,
-        metadata=metadata,
-        summary=summary,
-        journal_exists=True,
+        state=dataclasses.replace(state, journal=True),
         num_examples=num_examples,
         stop_key=stop_key,
     )
@@ -112,21 +112,19 @@ def stored_unchecked(
 def seedable(
     fingerprint: str,
     parts: Mapping[str, Any],
-    summary: Mapping[str, Any] | None,
-    metadata: Mapping[str, Any] | None,
+    state: ItemState,
     source: str,
     stop_key: str | None = None,
 ) -> tuple[bool, str | None]:
-    """Whether a ``--restart`` run's item (its ``summary``/``metadata``) can be taken as is:
-    (True, None); (False, why) when it is stale; (False, None) when it never finished."""
-    if not summary or summary.get("status") != ItemStatus.FINISHED:
+    """Whether a ``--restart`` run's item (its ``state``) can be taken as is: (True, None);
+    (False, why) when it is stale; (False, None) when it never finished (or lost its
+    journal)."""
+    summary, metadata = state.summary, state.metadata
+    if not summary or not summary.finished:
         return False, None
     if not _stop_matches(summary, stop_key):
         return False, f"not reused from {source}: it stopped early under another stop rule"
-    if (
-        summary.get("fingerprint") != fingerprint
-        or (metadata or {}).get("fingerprint") != fingerprint
-    ):
+    if summary.fingerprint != fingerprint or (metadata or {}).get("fingerprint") != fingerprint:
         changed = describe_changes((metadata or {}).get("fingerprint_parts", {}), parts)
         return False, f"not reused from {source}: configuration changed: {changed}"
-    return True, None
+    return (True, None) if state.journal else (False, None)

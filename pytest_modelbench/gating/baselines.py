@@ -25,10 +25,11 @@ from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.gating import early, gates
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.item import PlannedItem
-from pytest_modelbench.store.records import RULE_USED, STOPPED, ItemStatus
+from pytest_modelbench.store.records import ItemStatus
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
 from pytest_modelbench.store.setup import SetupRecord, compare_setups
+from pytest_modelbench.store.summary import MetricSummary
 
 # a reference item in one of these states has not finished (its summary may be an older one)
 _UNFINISHED = (ItemStatus.RUNNING, ItemStatus.INTERRUPTED, ItemStatus.ERROR)
@@ -143,9 +144,9 @@ class BaselineBook:
         item_id, model, status = self._reference_item(run_id, RunStore(run_dir), result)
         item = RunStore(run_dir).item(item_id)
         summary = item.read_summary()
-        finished = summary is not None and summary.get("status") == ItemStatus.FINISHED
+        finished = summary is not None and summary.finished
         finished = finished and ItemStatus.of(status) not in _UNFINISHED
-        if finished and summary is not None and summary.get(STOPPED):
+        if finished and summary is not None and summary.stopped_early:
             finished, status = False, "stopped early (--mb-stop-early)"  # a prefix
         rows = item.selected_rows(summary) if finished and summary else list(item.journal.latest())
         sums: dict[str, list[float]] = defaultdict(list)
@@ -250,11 +251,11 @@ class BaselineBook:
             metric=metric,
         )
 
-    def _check_stopped(self, result: EvalResult, metric: str, stopped: dict[str, Any]) -> None:
+    def _check_stopped(self, result: EvalResult, metric: str, stopped: Mapping[str, Any]) -> None:
         """A decision made while the item ran stands only under the rule it was made by (the
         same baseline, margin and alpha): otherwise one line, never a stale verdict."""
-        entry = result.summary.get("metrics", {}).get(metric) or {}
-        rows, examples = int(entry.get("n") or 0), int(entry.get("examples") or 0)
+        entry = result.summary.metric(metric) or MetricSummary()
+        rows, examples = int(entry.n or 0), int(entry.examples or 0)
         rule = self.stop_rule(result, metric, self.family, max(1, rows // max(1, examples)))
         if rule is None or stopped.get("rule_key") != rule.key:
             raise EvaluationError(
@@ -265,21 +266,21 @@ class BaselineBook:
             )
 
     def current(self, result: EvalResult, metric: str) -> gates.ScoreSummary:
-        entry = result.summary.get("metrics", {}).get(metric) or {}
-        value = entry.get("value")
+        entry = result.summary.metric(metric) or MetricSummary()
+        value = entry.value
         if value is None:
             raise EvaluationError(
                 f"{result.item_id}: metric {metric!r} was not computed; available: "
-                f"{', '.join(result.summary.get('metrics', {})) or '(none)'}"
+                f"{', '.join(result.summary.metrics or {}) or '(none)'}"
             )
-        stderr = entry.get("stderr")  # None: undefined (one example), not zero
+        stderr = entry.stderr  # None: undefined (one example), not zero
         return gates.ScoreSummary(
             metric=metric,
             value=float(value),
-            n=int(entry.get("examples") or entry.get("n") or 0),
+            n=int(entry.examples or entry.n or 0),
             stderr=math.nan if stderr is None else float(stderr),
-            ci_low=entry.get("ci_low"),
-            ci_high=entry.get("ci_high"),
+            ci_low=entry.ci_low,
+            ci_high=entry.ci_high,
             subject=result.variant,
         )
 
@@ -295,11 +296,11 @@ class BaselineBook:
             self._check_range(spec, f"{path}: {key}", result, metric)
         data = spec.model_dump() if spec else {"run": run_id}
         entry = gates.BaselineEntry.from_mapping({**data, "run": run_id}, metric=metric, path=path)
-        stopped = result.summary.get(STOPPED)
-        if isinstance(stopped, dict) and stopped.get("decision"):  # decided while it ran
+        stopped = result.summary.stopped_early
+        if isinstance(stopped, Mapping) and stopped.get("decision"):  # decided while it ran
             self._check_stopped(result, metric, stopped)
             return gates.stopped_verdict(current, stopped, entry)
-        if result.summary.get(RULE_USED):  # early failures spent part of its alpha
+        if result.summary.stop_rule:  # early failures spent part of its alpha
             entry_alpha = entry.alpha if entry.alpha is not None else self.alpha
             entry = dataclasses.replace(entry, alpha=early.fixed_alpha(entry_alpha))
         reference = self.reference_scores(run_id, result, metric) if run_id else None
@@ -503,7 +504,7 @@ def _to_write(
             by_model[record.model][record.variant].append(record)
     for model, variants in by_model.items():
         for variant, recs in list(variants.items()):
-            stopped = [r.item_id for r in recs if r.summary.get(STOPPED)]
+            stopped = [r.item_id for r in recs if r.summary.stopped_early]
             if stopped:  # a prefix chosen by optional stopping: its mean is no baseline
                 del variants[variant]
                 _say(

@@ -18,6 +18,7 @@ from pytest_modelbench.store.records import ItemStatus
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import RunItem, read_run, run_status
 from pytest_modelbench.store.setup import SetupRecord
+from pytest_modelbench.store.summary import ItemSummary, MetricSummary
 from pytest_modelbench.store.verdict import Verdict
 
 LEADERBOARD_JSON = "leaderboard.json"
@@ -129,28 +130,28 @@ def _sandbox_text(sandbox: Any) -> str:
     return level if sandbox.get("full") else f"{level} (not isolated)"
 
 
-def _summary_fields(summary: Mapping[str, Any] | None, metric: str) -> dict[str, Any]:
+def _summary_fields(summary: ItemSummary | None, metric: str) -> dict[str, Any]:
     """Score, CI, n, tokens, duration from an item's ``summary.json``."""
     if not summary:
         return {}
-    metric = metric or str(summary.get("primary_metric") or "")
-    entry = (summary.get("metrics") or {}).get(metric) or {}
-    tokens = summary.get("tokens") or {}
+    metric = metric or str(summary.primary_metric or "")
+    entry = summary.metric(metric) or MetricSummary()
+    tokens = summary.tokens or {}
     return {
         "metric": metric,
-        "score": _float(entry.get("value")),
-        "ci_low": _float(entry.get("ci_low")),
-        "ci_high": _float(entry.get("ci_high")),
-        "stderr": _float(entry.get("stderr")),
-        "n": _int(entry.get("n")),
-        "errors": _int(summary.get("errors")),
-        "truncated": _int(summary.get("truncated")),
-        "truncated_in_reasoning": _int(summary.get("truncated_in_reasoning")),
-        "sandbox": _sandbox_text(summary.get("sandbox")),
-        "duration_s": _float(summary.get("duration_s")),
+        "score": _float(entry.value),
+        "ci_low": _float(entry.ci_low),
+        "ci_high": _float(entry.ci_high),
+        "stderr": _float(entry.stderr),
+        "n": _int(entry.n),
+        "errors": _int(summary.errors),
+        "truncated": _int(summary.truncated),
+        "truncated_in_reasoning": _int(summary.truncated_in_reasoning),
+        "sandbox": _sandbox_text(summary.sandbox),
+        "duration_s": _float(summary.duration_s),
         "prompt_tokens": _int(tokens.get("prompt")),
         "completion_tokens": _int(tokens.get("completion")),
-        "fingerprint": str(summary.get("fingerprint") or ""),
+        "fingerprint": str(summary.fingerprint or ""),
     }
 
 

@@ -119,23 +119,22 @@ async def run_loop(
     settings: LoopSettings,
     progress: ProgressSink,
     *,
-    may_stop: bool = False,
     order: SampleOrder | None = None,
 ) -> LoopStats:
     """Evaluate every unit; returns this loop's counters. Journal rows are the source of truth.
 
-    With ``may_stop``, the sink is asked after each row whether the item is ``stopped()``
-    (``--mb-stop-early``: the verdict is certain); once it is, no unit is started any more and
-    the requests in flight are cancelled (their rows are never written). With ``order`` (the
-    units' order the rule reads) a unit is sent only within :func:`send_ahead` units of
-    ``order.frontier()``: one slow reply early in the order pauses sending, instead of the rest
-    of the item going out while the rule waits."""
+    With ``order`` (``--mb-stop-early``: the units' order the stop rule reads), the item may
+    stop: the sink is asked after each row whether it is ``stopped()`` (the verdict is
+    certain); once it is, no unit is started any more and the requests in flight are
+    cancelled (their rows are never written). A unit is sent only within :func:`send_ahead`
+    units of ``order.frontier()``: one slow reply early in the order pauses sending, instead
+    of the rest of the item going out while the rule waits."""
     stats = LoopStats()
     stop = asyncio.Event()
 
     def journalled(row: dict[str, Any]) -> None:
         sink.append(row)
-        if may_stop and sink.stopped():
+        if order is not None and sink.stopped():
             stop.set()
 
     started = time.perf_counter()
@@ -192,10 +191,10 @@ async def run_loop(
         return client.dead is not None or stop.is_set()
 
     try:
-        if not may_stop:
+        if order is None:
             await run_lanes(units, one, capacity, stopped)
         else:
-            sent = one if order is None else in_window(one, order, capacity, stopped)
+            sent = in_window(one, order, capacity, stopped)
             await _until_stopped(run_lanes(units, sent, capacity, stopped), stop)
     finally:
         stats.wall_s = time.perf_counter() - started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -10,7 +11,7 @@ from typing import Any
 from pytest_modelbench.errors import EvaluationError, shown_value
 from pytest_modelbench.gating import stats
 from pytest_modelbench.store.journal import row_key
-from pytest_modelbench.store.runstore import SELECTED_KEYS
+from pytest_modelbench.store.summary import ItemSummary
 
 
 def _finite(value: float) -> float | None:
@@ -52,11 +53,11 @@ def metric_summary(values_by_example: Mapping[str, Sequence[float]]) -> dict[str
 
 def summarise_rows(
     rows: Iterable[Mapping[str, Any]], metric_names: Sequence[str], expected_units: int
-) -> dict[str, Any]:
-    """Summary fields from journal rows (the last row per example/rollout), read once, so
+) -> ItemSummary:
+    """The summary of journal rows (the last row per example/rollout), read once, so
     ``rows`` can stream from the journal (a row is not kept after it is counted).
 
-    The (example, rollout) keys summarised go under :data:`SELECTED_KEYS`: the gate and
+    The (example, rollout) keys summarised are its ``selected`` (not written in it): the gate and
     :meth:`EvalResult.rows` read exactly those, whatever else the journal holds.
     ``truncated`` counts scored replies that ran out of tokens (``finish_reason: length``);
     ``truncated_in_reasoning`` those of them with no answer yet (still thinking).
@@ -110,7 +111,7 @@ def summarise_rows(
     if reasoning_reported:
         token_counts["reasoning"] = reasoning_tokens
     extra = {"system_fingerprints": sorted(fingerprints)} if fingerprints else {}
-    return {
+    summary = {
         **extra,
         "metrics": metrics,
         "n_rows": n_rows,
@@ -130,5 +131,5 @@ def summarise_rows(
             "p50": latency[len(latency) // 2] if latency else None,
             "p95": latency[int(len(latency) * 0.95)] if latency else None,
         },
-        SELECTED_KEYS: selected,  # ItemStore.finish keeps it beside the summary, not in it
     }
+    return dataclasses.replace(ItemSummary.from_json(summary), selected=tuple(selected))

@@ -25,6 +25,7 @@ from pytest_modelbench.store.pytest_cache import cache_get, cache_set
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
+    from pytest_modelbench.store.summary import ItemSummary
 
 TOKENS_KEY = "modelbench/tokens"
 SCHEMA_VERSION = 1
@@ -58,14 +59,14 @@ class ObservedTokens:
 
     @classmethod
     def from_summary(
-        cls, model: str, env: str, variant: str, summary: Mapping[str, Any]
+        cls, model: str, env: str, variant: str, summary: ItemSummary
     ) -> ObservedTokens | None:
         """The observation in an item's ``summary.json``; None when it counted no tokens (a
         server that sends no usage, stored completions) or scored nothing."""
-        counts = summary.get("tokens")
+        counts = summary.tokens
         if not isinstance(counts, Mapping):
             return None
-        replies = _whole(summary.get("n_scored"))
+        replies = _whole(summary.n_scored)
         prompt, completion = _whole(counts.get("prompt", 0)), _whole(counts.get("completion", 0))
         if not replies or prompt is None or completion is None or prompt + completion == 0:
             return None

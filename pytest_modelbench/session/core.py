@@ -39,6 +39,7 @@ from pytest_modelbench.session.settle import HolmStep, pending_status
 from pytest_modelbench.store.records import PROPERTY_PREFIX, ItemStatus
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import ItemStore, RunStore
+from pytest_modelbench.store.summary import EMPTY
 from pytest_modelbench.workers import WORKER_RUN_DIR, is_worker
 
 if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
@@ -341,7 +342,7 @@ class ModelbenchSession:
             variant=item.variant.id,
             seed=item.seed,
             metric="",
-            summary={},
+            summary=EMPTY,
             directory=RunStore(self.run_dir).item(item.item_id).directory,
             error=message,
             model_path=item.model.model,

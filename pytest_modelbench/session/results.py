@@ -10,6 +10,7 @@ from pytest_modelbench.session.rundir import RunDirectory
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import RunStore
+from pytest_modelbench.store.summary import EMPTY
 
 
 class ItemResults:
@@ -56,7 +57,7 @@ class ItemResults:
             variant=str(shown.get("variant")),
             seed=int(str(shown.get("seed") or 0)),
             metric="",
-            summary={},
+            summary=EMPTY,
             directory=directory,
             error=str(shown.get("error") or report.longreprtext or "no result"),
         )

@@ -25,6 +25,7 @@ from pytest_modelbench.session.lastfailed import LastFailedRecorder
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runlog import resolve_run_ref
 from pytest_modelbench.store.runstore import ItemStore
+from pytest_modelbench.store.summary import EMPTY
 from pytest_modelbench.workers import is_worker
 
 FLUSH_S = 2.0  # the memories are written at most this often while items finish
@@ -107,7 +108,7 @@ class ResumePlugin:
         mb = self.config.stash.get(SESSION_KEY, None)
         if mb is None or not mb.records or mb.records[-1].item_id != item_id:
             return seconds
-        server_s = mb.records[-1].summary.get("server_s")
+        server_s = mb.records[-1].summary.server_s
         if not isinstance(server_s, (int, float)) or isinstance(server_s, bool):
             return seconds
         return max(seconds, float(server_s))
@@ -120,7 +121,7 @@ class ResumePlugin:
             return  # not a benchmark item's first report (a second test of it: already seen)
         record = mb.records[-1]
         # an item that ended in error has no record of its own: its summary.json, when written
-        summary = record.summary or ItemStore(record.directory).read_summary() or {}
+        summary = record.summary or ItemStore(record.directory).read_summary() or EMPTY
         observed = ObservedTokens.from_summary(record.model, record.env, record.variant, summary)
         if observed is None:
             return

@@ -174,7 +174,9 @@ def _row(result: EvalResult) -> list[str]:
     ]
 
 
-def write_summary_table(reporter: Any, records: Sequence[EvalResult], run_dir: Path | None) -> None:
+def write_summary_table(
+    reporter: pytest.TerminalReporter, records: Sequence[EvalResult], run_dir: Path | None
+) -> None:
     """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict."""
     header = ["model", "variant", "seed", "metric", "score", "95% CI", "n", "errors"]
     rows = [[*header, "baseline", "Δ", "verdict"]]
@@ -208,11 +210,13 @@ TRUNCATION_WARN = 0.05  # warn when more than this share of an item's replies ra
 # (or ended with no answer)
 
 
-def write_truncation_warnings(reporter: Any, records: Sequence[EvalResult]) -> None:
+def write_truncation_warnings(
+    reporter: pytest.TerminalReporter, records: Sequence[EvalResult]
+) -> None:
     """One warning line per item with more than :data:`TRUNCATION_WARN` of its replies cut off
     by the token budget: a low score there says "budget too small", not "model got worse"."""
     for result in _ordered(records):
-        replies = int(result.summary.get("n_scored") or 0)
+        replies = int(result.summary.n_scored or 0)
         if result.error is None and replies and result.truncated / replies > TRUNCATION_WARN:
             reporter.write_line(
                 f"warning: {result.item_id}: {result.truncation_note()}", yellow=True
@@ -252,7 +256,9 @@ def write_planned_setups(
             reporter.write_line(f"  {line}", yellow=True)
 
 
-def write_setup_differences(reporter: Any, records: Sequence[EvalResult]) -> None:
+def write_setup_differences(
+    reporter: pytest.TerminalReporter, records: Sequence[EvalResult]
+) -> None:
     """One line per item whose baseline was measured under another setup (an engine version,
     GPUs, a token budget): a score compared across setups may move for that alone."""
     for result in _ordered(records):
@@ -261,7 +267,9 @@ def write_setup_differences(reporter: Any, records: Sequence[EvalResult]) -> Non
             reporter.write_line(f"{result.item_id}: {verdict.setup_differs}", yellow=True)
 
 
-def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path) -> None:
+def write_from_store(
+    reporter: pytest.TerminalReporter, records: Sequence[EvalResult], run_dir: Path
+) -> None:
     """Which items were read back from the store instead of evaluated, from which run, when."""
     stored = [r for r in _ordered(records) if r.from_store and r.error is None]
     if not stored:
@@ -273,13 +281,13 @@ def write_from_store(reporter: Any, records: Sequence[EvalResult], run_dir: Path
     )
     for result in stored[:MAX_LISTED]:
         run = (manifest.get(result.item_id) or {}).get("seeded_from") or run_dir.name
-        finished = result.summary.get("finished_at", "?")
+        finished = result.summary.finished_at or "?"
         reporter.write_line(f"  {result.item_id}: {run}, finished {finished}")
     if len(stored) > MAX_LISTED:
         reporter.write_line(f"  ... and {len(stored) - MAX_LISTED} more (see run_manifest.json)")
 
 
-def write_recomputed(reporter: Any, records: Sequence[EvalResult]) -> None:
+def write_recomputed(reporter: pytest.TerminalReporter, records: Sequence[EvalResult]) -> None:
     """One line per item recomputed instead of reused, saying why (``--force``, changed fields)."""
     for result in sorted(records, key=lambda r: r.item_id):
         if result.recompute_reason:

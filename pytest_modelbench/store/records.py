@@ -2,11 +2,11 @@
 
 Every record has its own schema version, written with it. Files on disk:
 ``results.jsonl`` (one :class:`JournalRow` per example and rollout),
-``summary.json`` (:class:`ItemSummary`), ``metadata.json`` (:class:`ItemMetadata`)
+``summary.json`` (``store.summary.ItemSummary``), ``metadata.json`` (:class:`ItemMetadata`)
 and the entries of ``run_manifest.json`` (:class:`ManifestEntry`). An item's one
 record, ``result.json`` (identity, summary, verdict), is ``store.result.EvalResult``.
-Journal rows and summaries stay plain dicts at run time (typed as ``TypedDict``),
-since rows are written once per request and summaries are what tests receive.
+Journal rows stay plain dicts at run time (typed as ``TypedDict``), since rows are
+written once per request.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import platform
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from pytest_modelbench.store.summary import ItemSummary
 
 JOURNAL_ROW_VERSION = 1  # the "v" field of every journal row
 SUMMARY_VERSION = 1
@@ -82,45 +85,6 @@ class JournalRow(TypedDict, total=False):
     detail: dict[str, Any]  # backend-specific extras (per-test results of code suites ...)
 
 
-class MetricSummary(TypedDict, total=False):
-    """One metric of an item with its uncertainty."""
-
-    value: float | None  # the mean over scored examples (rollouts included)
-    stderr: float | None  # standard error (cluster-robust over rollouts)
-    ci_low: float | None  # 95% interval (Wilson for 0/1 scores, else t)
-    ci_high: float | None
-    n: int  # scored units
-    examples: int  # distinct examples behind ``n``
-    ci_method: str  # how the interval was computed
-
-
-class ItemSummary(TypedDict, total=False):
-    """``summary.json``: what one item scored, written when the item finishes."""
-
-    schema_version: int  # SUMMARY_VERSION
-    item_id: str
-    fingerprint: str  # digest of everything that produced the results (planning/fingerprint.py)
-    primary_metric: str  # the metric gates and reports use
-    status: str  # "finished", or "error" when more examples failed than the error budget allows
-    metrics: dict[str, MetricSummary]
-    n_rows: int  # journal rows summarised (the last per example and rollout)
-    n_scored: int  # rows with a score
-    expected: int  # units the item should have (examples x rollouts)
-    errors: int  # units without a score after retries
-    error_rate: float  # errors / expected
-    retries: int  # retried requests
-    truncated: int  # answered units cut off by the token budget (finish_reason "length")
-    truncated_in_reasoning: int  # of ``truncated``: cut off while thinking, no answer yet
-    tokens: dict[str, int]  # {"prompt": n, "completion": n, "reasoning": n (where reported)}
-    latency_s: dict[str, float | None]  # mean, p50, p95
-    resumed_examples: int  # units taken from the journal instead of requested again
-    duration_s: float  # wall time for the whole item (scaled up when part was resumed)
-    wall_s: float  # this session's wall time
-    duration_estimated: bool  # duration_s was scaled from a partial run
-    finished_at: str  # local time, ISO 8601
-    num_examples: int  # the --num-examples cap the summary covers (-1 = all)
-
-
 @dataclass(frozen=True)
 class ItemMetadata:
     """``metadata.json``: the resolved configuration of an item (never a secret) and its
@@ -173,21 +137,21 @@ class ManifestEntry:
 
     @classmethod
     def of_summary(
-        cls, summary: Mapping[str, Any], *, model: str, env: str, variant: str, seed: int
+        cls, summary: ItemSummary, *, model: str, env: str, variant: str, seed: int
     ) -> ManifestEntry:
         """The entry of a finished (or over-budget) item with this summary."""
-        metric = summary.get("primary_metric")
+        metric = summary.metric()
         return cls(
-            status=ItemStatus.of(summary.get("status")) or ItemStatus.ERROR,
-            fingerprint=summary.get("fingerprint"),
+            status=summary.status or ItemStatus.ERROR,
+            fingerprint=summary.fingerprint,
             model=model,
             env=env,
             variant=variant,
             seed=seed,
-            score=summary.get("metrics", {}).get(metric, {}).get("value"),
-            duration_s=summary.get("duration_s"),
-            errors=summary.get("errors"),
-            resumed_examples=summary.get("resumed_examples"),
+            score=metric.value if metric is not None else None,
+            duration_s=summary.duration_s,
+            errors=summary.errors,
+            resumed_examples=summary.resumed_examples,
         )
 
     def fields(self) -> dict[str, Any]:

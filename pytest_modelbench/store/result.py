@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +20,7 @@ from pytest_modelbench.store.files import atomic_write_json, read_json
 from pytest_modelbench.store.records import PROPERTY_PREFIX
 from pytest_modelbench.store.runstore import RESULT, ItemStore
 from pytest_modelbench.store.setup import SetupRecord
+from pytest_modelbench.store.summary import EMPTY, ItemSummary, MetricSummary
 from pytest_modelbench.store.verdict import GateVerdict, Verdict
 
 
@@ -41,7 +41,7 @@ class EvalResult:
     variant: str
     seed: int
     metric: str  # the primary metric ("" for an item that failed before it had a score)
-    summary: Mapping[str, Any]  # the item's summary.json
+    summary: ItemSummary  # the item's summary.json (a mapping given here is read as one)
     directory: Path  # the item's directory in the run store
     from_store: bool = False  # read back from the run store, nothing requested
     recompute_reason: str | None = None  # why stored results were not reused
@@ -54,6 +54,11 @@ class EvalResult:
     setup: SetupRecord | None = field(default=None, compare=False)  # what produced the scores
 
     SCHEMA_VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.summary, ItemSummary):  # a summary.json object, or {}
+            summary = ItemSummary.from_json(self.summary) if self.summary else EMPTY
+            object.__setattr__(self, "summary", summary)
 
     @property
     def status(self) -> Verdict:
@@ -83,18 +88,18 @@ class EvalResult:
     @property
     def truncated(self) -> int:
         """Replies that ran out of tokens (``finish_reason: length``)."""
-        return int(self.summary.get("truncated") or 0)
+        return self.summary.truncated or 0
 
     def truncation_note(self) -> str:
         """``"12 of 200 replies were truncated (...)"``: how many replies ran out of tokens,
         how many of them while still thinking, and the fix; "" when none did."""
         if not self.truncated:
             return ""
-        replies = int(self.summary.get("n_scored") or self.summary.get("n_rows") or 0)
-        thinking = int(self.summary.get("truncated_in_reasoning") or 0)
+        replies = self.summary.replies
+        thinking = self.summary.truncated_in_reasoning or 0
         during = f", {thinking} while still thinking" if thinking else ""
         # reasoning_effort is advice only for a model that reasons (one that sent thinking)
-        reasons = thinking or int(self.summary.get("reasoning_replies") or 0)
+        reasons = thinking or self.summary.reasoning_replies or 0
         return (
             f"{self.truncated} of {replies} replies were truncated "
             f"(finish_reason length{during}): raise max_tokens"
@@ -104,14 +109,14 @@ class EvalResult:
     @property
     def empty_answers(self) -> int:
         """Replies that ended (not cut off) with no answer: scored 0 whatever the model knew."""
-        return int(self.summary.get("empty_answers") or 0)
+        return self.summary.empty_answers or 0
 
     def empty_answer_note(self) -> str:
         """``"7 of 200 replies had no answer (...)"``, with the likely cause; "" when none."""
         if not self.empty_answers:
             return ""
-        replies = int(self.summary.get("n_scored") or self.summary.get("n_rows") or 0)
-        in_reasoning = int(self.summary.get("answers_in_reasoning") or 0)
+        replies = self.summary.replies
+        in_reasoning = self.summary.answers_in_reasoning or 0
         if in_reasoning:
             return (
                 f"{self.empty_answers} of {replies} replies had no answer, {in_reasoning} of "
@@ -133,7 +138,7 @@ class EvalResult:
         }
         data["verdict"] = self.verdict.as_dict() if self.verdict is not None else None
         data["setup"] = self.setup.to_json() if self.setup is not None else None
-        data["summary_fingerprint"] = self.summary.get("fingerprint")  # what it was made from
+        data["summary_fingerprint"] = self.summary.fingerprint  # what it was made from
         return {"schema_version": self.SCHEMA_VERSION, **data}
 
     def save(self) -> None:
@@ -150,8 +155,8 @@ class EvalResult:
         data = read_json(directory / RESULT)
         if not isinstance(data, dict) or data.get("schema_version") != cls.SCHEMA_VERSION:
             return None
-        summary = ItemStore(directory).read_summary() or {}
-        if data.get("summary_fingerprint") != summary.get("fingerprint"):
+        summary = ItemStore(directory).read_summary() or EMPTY
+        if data.get("summary_fingerprint") != summary.fingerprint:
             return None
         known = {f.name for f in dataclasses.fields(cls)} - {
             "summary",
@@ -197,9 +202,9 @@ class EvalResult:
                 n=self.n,
                 errors=self.errors,
                 truncated=self.truncated,
-                truncated_in_reasoning=int(self.summary.get("truncated_in_reasoning") or 0),
+                truncated_in_reasoning=self.summary.truncated_in_reasoning or 0,
                 from_store=self.from_store,
-                duration_s=self.summary.get("duration_s"),
+                duration_s=self.summary.duration_s,
                 model_path=self.model_path,
             )
         if self.setup is not None:
@@ -224,39 +229,37 @@ class EvalResult:
             (PROPERTY_PREFIX + k, redact(v) if isinstance(v, str) else v) for k, v in values.items()
         ]
 
-    def _metric(self, name: str | None = None) -> Mapping[str, Any]:
-        metrics: Mapping[str, Any] = self.summary.get("metrics", {})
-        entry: Mapping[str, Any] = metrics.get(name or self.metric, {})
-        return entry
+    def _metric(self) -> MetricSummary:
+        return self.summary.metric(self.metric or None) or MetricSummary()
 
     @property
     def score(self) -> float | None:
         """The primary metric's value."""
-        value = self._metric().get("value")
+        value = self._metric().value
         return None if value is None else float(value)
 
     @property
     def ci(self) -> tuple[float | None, float | None]:
         entry = self._metric()
-        return entry.get("ci_low"), entry.get("ci_high")
+        return entry.ci_low, entry.ci_high
 
     @property
     def stderr(self) -> float | None:
-        value = self._metric().get("stderr")
+        value = self._metric().stderr
         return None if value is None else float(value)
 
     @property
     def n(self) -> int:
-        return int(self._metric().get("n") or 0)
+        return int(self._metric().n or 0)
 
     @property
     def errors(self) -> int:
-        return int(self.summary.get("errors", 0))
+        return int(self.summary.errors or 0)
 
     @property
     def metrics(self) -> dict[str, float | None]:
         """Every metric's value by name."""
-        return {name: entry.get("value") for name, entry in self.summary.get("metrics", {}).items()}
+        return {name: entry.value for name, entry in (self.summary.metrics or {}).items()}
 
     def rows(self) -> list[dict[str, Any]]:
         """Per-example rows from ``results.jsonl`` (prompt, completion, gold, metrics, error...):

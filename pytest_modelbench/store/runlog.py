@@ -22,6 +22,7 @@ from pytest_modelbench.store.files import read_json
 from pytest_modelbench.store.records import ItemStatus, TextEnum
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import MANIFEST, RunStore
+from pytest_modelbench.store.summary import ItemSummary
 from pytest_modelbench.store.verdict import Verdict
 
 STALE_AFTER_S = 600  # a "running" run whose manifest is older than this was interrupted
@@ -83,7 +84,7 @@ class RunItem:
     item_id: str
     path: str  # the item's directory name inside the run directory
     entry: Mapping[str, Any]  # its manifest entry ({} when the manifest has none)
-    summary: Mapping[str, Any] | None  # summary.json (the record's, when it has one)
+    summary: ItemSummary | None  # summary.json (the record's, when it has one)
     metadata: Mapping[str, Any] | None  # metadata.json
     result: EvalResult | None = field(default=None, compare=False)  # result.json, if current
 
@@ -91,8 +92,8 @@ class RunItem:
     def status(self) -> ItemStatus | None:
         """The manifest entry's status (the store's bookkeeping of the item's life: running,
         interrupted, error), else the summary's (an item the manifest does not list)."""
-        summary = self.summary or {}
-        return ItemStatus.of(self.entry.get("status")) or ItemStatus.of(summary.get("status"))
+        entry = ItemStatus.of(self.entry.get("status"))
+        return entry or (self.summary.status if self.summary is not None else None)
 
     @property
     def current(self) -> bool:
@@ -100,8 +101,8 @@ class RunItem:
         result = self.result
         if result is None:
             return False
-        fingerprint = str(self.summary.get("fingerprint") or "") if self.summary else None
-        return result.error is not None or result.summary.get("fingerprint") == fingerprint
+        fingerprint = str(self.summary.fingerprint or "") if self.summary else None
+        return result.error is not None or result.summary.fingerprint == fingerprint
 
     @property
     def verdict(self) -> Verdict | None:

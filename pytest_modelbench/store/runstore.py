@@ -33,6 +33,7 @@ from pytest_modelbench.store.records import (
     ItemStatus,
     ManifestEntry,
 )
+from pytest_modelbench.store.summary import ItemSummary
 
 MANIFEST = "run_manifest.json"
 JOURNAL = "results.jsonl"
@@ -40,14 +41,31 @@ SUMMARY = "summary.json"
 METADATA = "metadata.json"
 RESULT = "result.json"  # store.result.EvalResult: the item's verdict
 SELECTION = "selection.json"  # the (example, rollout) keys the summary covers
-SELECTED_KEYS = "selected_keys"  # where a summary being finished carries them (not written)
 SELECTION_VERSION = 1
 
 
 @dataclass(frozen=True)
+class ItemState:
+    """What the store holds of one item when it is next evaluated: its files read once, for
+    the reuse decision (``evaluation/reuse.py``) to choose the item's next transition."""
+
+    summary: ItemSummary | None  # summary.json (None: none, or damaged)
+    metadata: dict[str, Any] | None  # metadata.json: the configuration the journal was made by
+    journal: bool  # results.jsonl exists: rows of an earlier session
+
+    @property
+    def stored(self) -> bool:
+        """Anything at all is stored (a decision to start over then moves it aside)."""
+        return self.journal or bool(self.summary)
+
+
+@dataclass(frozen=True)
 class ItemStore:
-    """Files of one item: ``results.jsonl``, ``summary.json``, ``metadata.json``; and, through
-    :meth:`begin`, :meth:`finish` and :meth:`fail`, the item's entry in the run's manifest."""
+    """One item in the store, and its state machine: :meth:`state` reads what is stored;
+    the evaluator (the one owner of the item's life) then takes one transition:
+    :meth:`settle` (stored results stand), :meth:`seeded` (taken from the ``--restart`` run)
+    or :meth:`start` → rows → :meth:`finish` (evaluated), :meth:`fail` or :meth:`interrupted`
+    on the way. Each writes the item's files and its entry in the run's manifest together."""
 
     directory: Path
     item_id: str = ""
@@ -65,33 +83,44 @@ class ItemStore:
     def metadata_path(self) -> Path:
         return self.directory / METADATA
 
-    def read_summary(self) -> dict[str, Any] | None:
-        return read_json(self.summary_path)
+    def state(self) -> ItemState:
+        """The item's stored summary, metadata and whether a journal exists."""
+        return ItemState(
+            summary=self.read_summary(),
+            metadata=self.read_metadata(),
+            journal=self.journal.path.exists(),
+        )
+
+    def read_summary(self) -> ItemSummary | None:
+        data = read_json(self.summary_path)
+        return None if data is None else ItemSummary.from_json(data)
 
     def read_metadata(self) -> dict[str, Any] | None:
         return read_json(self.metadata_path)
 
-    # -- bookkeeping: item files and manifest entry together ---------------------------------
-    def begin(self, metadata: ItemMetadata, *, start_over: str | None = None) -> None:
-        """Before the first request: the resolved configuration, and the entry as running.
-        ``start_over`` (why: ``stale``, ``forced``): the journal is moved aside and the summary
-        removed first, so the item starts from nothing."""
+    # -- transitions: item files and manifest entry together ---------------------------------
+    def start(self, metadata: ItemMetadata, *, start_over: str | None = None) -> ItemRows:
+        """Before the first request: the resolved configuration, the entry as running, and the
+        item's journal opened for its rows (:meth:`open_rows`). ``start_over`` (why: ``stale``,
+        ``forced``): the journal is moved aside and the summary removed first, so the item
+        starts from nothing."""
         if start_over is not None:
             self.journal.discard(start_over)
             self.clear_summary()
         atomic_write_json(self.metadata_path, metadata.to_json())
         self._manifest(ManifestEntry.running(metadata))
+        return self.open_rows()
 
     def open_rows(self) -> ItemRows:
         """The item's journal for its run, repaired, with the units already done (resume);
         closed by the caller before it summarises the rows and finishes the item."""
         return ItemRows.open(self.journal)
 
-    def finish(self, summary: dict[str, Any], entry: ManifestEntry) -> None:
-        """The keys the summary covers (taken out of ``summary``), the item's summary, then its
+    def finish(self, summary: ItemSummary, entry: ManifestEntry) -> None:
+        """The keys the summary covers (its ``selected``), the item's summary, then its
         manifest entry (a kill between them is repaired by :meth:`settle` when the item is next
         read back)."""
-        selected = summary.pop(SELECTED_KEYS, None)
+        selected = summary.selected
         if selected is not None:
             atomic_write_json(
                 self.directory / SELECTION,
@@ -100,18 +129,18 @@ class ItemStore:
         self.write_summary(summary)
         self._manifest(entry)
 
-    def selection(self, summary: Mapping[str, Any]) -> set[tuple[str, int]] | None:
+    def selection(self, summary: ItemSummary) -> set[tuple[str, int]] | None:
         """The (example, rollout) keys ``summary`` covers, or None when not recorded (an item
         finished by an older version) or not this summary's (another count of rows)."""
         data = read_json(self.directory / SELECTION)
         if not isinstance(data, dict) or data.get("schema_version") != SELECTION_VERSION:
             return None
         keys = data.get("keys")
-        if not isinstance(keys, list) or len(keys) != summary.get("n_rows"):
+        if not isinstance(keys, list) or len(keys) != summary.n_rows:
             return None
         return {(str(key[0]), int(key[1])) for key in keys}
 
-    def selected_rows(self, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def selected_rows(self, summary: ItemSummary) -> list[dict[str, Any]]:
         """The journal's last row of each key ``summary`` covers (each rollout once), in file
         order; every key's last row when the selection is not recorded."""
         keys = self.selection(summary)
@@ -146,8 +175,10 @@ class ItemStore:
         if self.run is not None:
             self.run.update_item(self.item_id, **fields)
 
-    def write_summary(self, summary: Mapping[str, Any]) -> None:
-        atomic_write_json(self.summary_path, {"schema_version": SUMMARY_VERSION, **summary})
+    def write_summary(self, summary: ItemSummary) -> None:
+        atomic_write_json(
+            self.summary_path, {"schema_version": SUMMARY_VERSION, **summary.to_json()}
+        )
 
     def clear_summary(self) -> None:
         """Remove the summary and the item's saved record (``result.json``): both describe

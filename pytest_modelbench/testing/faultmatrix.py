@@ -34,6 +34,7 @@ import yaml
 
 from pytest_modelbench.backends.jsonl_suite import JsonlSuite
 from pytest_modelbench.running.runner import request_seed
+from pytest_modelbench.store.summary import ItemSummary
 from pytest_modelbench.testing.faults import Faults, Latency
 from pytest_modelbench.testing.policy import AnswerPolicy, lookup_from_examples
 from pytest_modelbench.testing.reqlog import RequestRecord
@@ -417,19 +418,18 @@ def _check_summary(summary_path: Path, journal: _JournalCheck, problems: list[st
     if not summary_path.exists():
         problems.append("no summary.json")
         return None
-    summary = json.loads(summary_path.read_text())
-    value = summary["metrics"]["exact_match"]["value"]
+    summary = ItemSummary.from_json(json.loads(summary_path.read_text()))
+    value = summary.value("exact_match")
     errors, scored = len(journal.error_ids), len(journal.answered)
-    if summary["errors"] != errors or summary["n_scored"] != scored:
+    if summary.errors != errors or summary.n_scored != scored:
         problems.append(
-            f"summary.json says {summary['n_scored']} scored / {summary['errors']} errors, "
+            f"summary.json says {summary.n_scored} scored / {summary.errors} errors, "
             f"the journal {scored} / {errors}"
         )
     scores = journal.scores
     if scores and (value is None or abs(value - sum(scores) / len(scores)) > 1e-9):
         problems.append(f"summary.json score {value} is not the mean of the journal's scores")
-    status: str | None = summary.get("status")
-    return status
+    return summary.status.value if summary.status is not None else summary.extra.get("status")
 
 
 # -- sessions and their audits -----------------------------------------------------------

@@ -5,14 +5,23 @@ go out while the rule waits for it. Without the flag nothing changes."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from pytest_modelbench.backends.jsonl_suite import JsonlSuite
 from pytest_modelbench.gating.early import EarlyStopper, value_rule
-from pytest_modelbench.running.runner import in_window, run_lanes, send_ahead
-from pytest_modelbench.suites.contract import Example
+from pytest_modelbench.running.client import Completion
+from pytest_modelbench.running.progress import NullProgress
+from pytest_modelbench.running.runner import (
+    LoopSettings,
+    in_window,
+    run_lanes,
+    run_loop,
+    send_ahead,
+)
+from pytest_modelbench.suites.contract import Example, Score
 from pytest_modelbench.suites.selection import sample_order
 from tests.conftest import Project
 from tests.core.test_stop_early import _completions, _summary
@@ -193,3 +202,68 @@ def test_waiting_lanes_end_when_the_endpoint_dies_or_the_loop_is_cancelled() -> 
             await asyncio.wait_for(task, 5)
 
     asyncio.run(cancelled())
+
+
+class _Suite:
+    """A suite whose every answer scores 1 (scored inline)."""
+
+    name = "ones"
+    primary_metric = "exact_match"
+    blocking_score = False
+
+    def score(self, example: Example, text: str) -> Score:  # noqa: ARG002 - the protocol's
+        return Score(metrics={"exact_match": 1.0})
+
+
+class _Client:
+    """Answers every request at once; never dies; no replicas."""
+
+    dead = None
+    urls = SimpleNamespace(replicas=0)
+
+    async def request(self, path: str, payload: Any) -> Completion:  # noqa: ARG002
+        await asyncio.sleep(0)
+        return Completion(
+            text="a",
+            finish_reason="stop",
+            prompt_tokens=1,
+            completion_tokens=1,
+            latency_s=0.0,
+            attempts=1,
+        )
+
+
+class _SinkStoppingAfter:
+    """A row sink whose item is certain after ``n`` rows (``--mb-stop-early``'s sink)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.appended: list[Any] = []
+
+    def append(self, row: Any) -> None:
+        self.appended.append(row)
+
+    def stopped(self) -> bool:
+        return len(self.appended) >= self.n
+
+
+def test_a_loop_given_the_rules_order_stops_once_the_sink_says_so() -> None:
+    """The order the rule reads is what makes a loop stoppable: no other flag is needed."""
+    order, sink = _Order(), _SinkStoppingAfter(5)
+    settings = LoopSettings(
+        api="completions", model="m", sampling_args={}, seed=0, max_concurrent=2
+    )
+
+    async def main() -> None:
+        await run_loop(
+            _Suite(),  # type: ignore[arg-type]
+            iter(_units(200)),
+            _Client(),  # type: ignore[arg-type]
+            sink,  # type: ignore[arg-type]
+            settings,
+            NullProgress(),
+            order=order,
+        )
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert 5 <= len(sink.appended) < 20  # without the order-as-switch, all 200 were answered

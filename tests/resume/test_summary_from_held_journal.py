@@ -15,7 +15,6 @@ from pytest_modelbench.backends.jsonl_suite import JsonlSuite
 from pytest_modelbench.running import prefetch
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.journal import Journal
-from pytest_modelbench.store.runstore import SELECTED_KEYS
 from tests.conftest import Project, configure
 
 N = 30
@@ -27,9 +26,9 @@ def assert_summary_is_the_files(item_dir: Path) -> dict[str, Any]:
         Journal(item_dir / "results.jsonl").latest(), JsonlSuite.metrics, summary["expected"]
     )
     selection = json.loads((item_dir / "selection.json").read_text())["keys"]
-    assert selection == [list(key) for key in read.pop(SELECTED_KEYS)]  # kept beside it
+    assert selection == [list(key) for key in read.selected or ()]  # kept beside it
     assert json.dumps({key: summary[key] for key in read}, sort_keys=True) == json.dumps(
-        read, sort_keys=True
+        read.to_json(), sort_keys=True
     )
     return summary
 

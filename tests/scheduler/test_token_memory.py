@@ -24,6 +24,7 @@ from pytest_modelbench.scheduling.tokens import (
     ObservedTokens,
     read_tokens,
 )
+from pytest_modelbench.store.summary import ItemSummary
 from tests.conftest import Project, configure
 from tests.scheduler.test_costs import Backend, costs, item, variant
 
@@ -178,7 +179,7 @@ def test_a_corrupt_token_cache_is_ignored(project: Project, content: str) -> Non
 
 def test_summaries_without_token_counts_teach_nothing() -> None:
     def seen(summary: dict[str, Any]) -> ObservedTokens | None:
-        return ObservedTokens.from_summary("m", "qa", "qa", summary)
+        return ObservedTokens.from_summary("m", "qa", "qa", ItemSummary.from_json(summary))
 
     assert seen({"tokens": {"prompt": 40, "completion": 560}, "n_scored": 2}) == ObservedTokens(
         "m", "qa", "qa", 600, 2

@@ -88,7 +88,8 @@ def same(held: list[Any], read: list[Any]) -> None:
 
 
 def summary(rows: Any) -> str:
-    return json.dumps(summarise_rows(rows, ["exact_match"], 10), sort_keys=True)
+    summary = summarise_rows(rows, ["exact_match"], 10)
+    return json.dumps([summary.to_json(), summary.selected], sort_keys=True)
 
 
 def write(journal: Journal, rows: list[Any]) -> None:
