@@ -11,6 +11,7 @@ is per process, so each xdist worker redacts the keys it uses. A URL that carrie
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 REDACTED = "[REDACTED]"
 _MIN_SECRET = 8  # shorter values are not treated as secrets (they would redact ordinary words)
@@ -96,3 +97,18 @@ def masked_url(url: str) -> str | None:
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     _, at, host = rest[:end].rpartition("@")
     return f"{scheme}://***@{host}{rest[end:]}" if at else None
+
+
+_SECRET_FLAG_WORDS = ("key", "token", "secret", "password")
+
+
+def masked_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of credential flags (``--api-key K``) masked."""
+    shown: list[str] = []
+    hide = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        secret = arg.startswith("--") and any(w in flag.lower() for w in _SECRET_FLAG_WORDS)
+        shown.append("***" if hide else f"{flag}=***" if secret and eq else arg)
+        hide = secret and not eq
+    return shown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import shlex
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -21,7 +22,7 @@ from pydantic_core import PydanticCustomError
 from pytest_modelbench.config.limits import MAX_CONCURRENT
 from pytest_modelbench.config.modules import missing_name
 from pytest_modelbench.errors import shown_value
-from pytest_modelbench.secrets import masked_url
+from pytest_modelbench.secrets import masked_argv, masked_url
 
 JSONDict = dict[str, Any]
 Name = Annotated[str, StringConstraints(max_length=200)]
@@ -185,9 +186,15 @@ class ServeSpec(_Strict):
     @classmethod
     def _argv_list(cls, value: object) -> object:
         if isinstance(value, str):  # a shell line: which words are one argument is unclear
-            parts = value.split() or ["server"]
-            shown = ", ".join(f'"{p}"' if "{" in p or ":" in p else p for p in parts)
-            raise ValueError(f"write the command as a YAML list of its words, e.g. [{shown}]")
+            try:
+                parts = shlex.split(value)
+            except ValueError:  # an unclosed quote
+                parts = value.split()
+            parts = masked_argv(parts or ["server"])[:8] + (["…"] if len(parts) > 8 else [])
+            shown = ", ".join(f'"{p}"' if any(c in p for c in "{}:*, ") else p for p in parts)
+            raise PydanticCustomError(  # quiet: the hint shows the words, credentials masked
+                QUIET_ERROR, f"write the command as a YAML list of its words, e.g. [{shown}]"
+            )
         return value
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pytest_modelbench.processes import terminate_group
 from pytest_modelbench.running import blocking
+from pytest_modelbench.secrets import masked_argv
 from pytest_modelbench.serving.base import ServerStartError
 
 __all__ = ["ServerProcess", "death_cause", "free_port", "log_tail", "port_is_free"]
@@ -84,9 +85,11 @@ def death_cause(log_text: str, wrappers: Sequence[str] = ()) -> str | None:
     use offset``): the first exception line that is not one of ``wrappers`` (exception names or
     message fragments of errors that only report another's death), else the last wrapper."""
     found: list[str] = []
+    usage = False  # argparse prints "usage: ..." before its "prog: error: ..." line
     for raw in log_text.splitlines():
         line = _LOG_PREFIX.sub("", raw.strip(), count=1)
-        match = _EXCEPTION_LINE.match(line) or _USAGE_ERROR.match(line)
+        usage = usage or line.startswith("usage:")
+        match = _EXCEPTION_LINE.match(line) or (_USAGE_ERROR.match(line) if usage else None)
         if match is None:
             continue
         name, message = match[1].rsplit(".", 1)[-1], match[2].strip()
@@ -203,7 +206,7 @@ class ServerProcess:
         """The last command, as a copy-pasteable shell line (with the variables that matter)."""
         shown = {k: v for k, v in self.env.items() if _shown_env(k) and os.environ.get(k) != v}
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items()))
-        return (prefix + " " if prefix else "") + shlex.join(_masked(self.argv))
+        return (prefix + " " if prefix else "") + shlex.join(masked_argv(self.argv))
 
     def start(self, deadline_s: float, port: int | None = None) -> None:
         """Start and wait up to ``deadline_s`` seconds until ready; on failure stop and raise.
@@ -223,7 +226,9 @@ class ServerProcess:
                         self._wait_ready(deadline_s)
                         return
                     except ServerStartError:
-                        port_lost = any(s in log_tail(self.log_path, 15) for s in _PORT_IN_USE)
+                        self.stop()  # a probe that refused a live server: it goes before a retry
+                        this_start = log_tail(self.log_path, 15, start=self.log_start)
+                        port_lost = any(s in this_start for s in _PORT_IN_USE)
                         if not (port_lost and attempt + 1 < tries):
                             raise
         except KeyboardInterrupt:
@@ -297,14 +302,19 @@ class ServerProcess:
                 self._note(f"ready at {self.root_url}")
                 return
             if time.monotonic() >= end:
-                self.stop()
-                raise self._failure(f"was not healthy after {deadline_s:g} s; stopped it")
+                self.stop()  # alive: an exception line in its log need not be why it is slow
+                raise self._failure(f"was not healthy after {deadline_s:g} s; stopped it", False)
             time.sleep(self._poll_s)
 
-    def _failure(self, what: str) -> ServerStartError:
-        """The start failed: the cause from this start's log (not earlier starts'), first."""
+    def _failure(self, what: str, exited: bool = True) -> ServerStartError:
+        """The start failed: for a server that exited, the cause from this start's log (not
+        earlier starts'), first."""
         tail = log_tail(self.log_path, start=self.log_start)
-        cause = death_cause(log_tail(self.log_path, 400, 256 * 1024, self.log_start), self.wrappers)
+        cause = (
+            death_cause(log_tail(self.log_path, 400, 256 * 1024, self.log_start), self.wrappers)
+            if exited
+            else None
+        )
         indented = "\n".join("    " + line for line in tail.splitlines()) or "    (empty)"
         return ServerStartError(
             f"{self.label} {what}" + (f": {cause}" if cause else "") + ".\n"
@@ -360,21 +370,6 @@ def _cannot_run(label: str, program: str, exc: OSError) -> str:
         where = "not found" if os.sep in program else "not found on PATH"
         return f"{label} could not start: {program!r} {where} ({why}): install it or give its full path"
     return f"{label} could not start: cannot run {program!r} ({why}): make it executable or give another program"
-
-
-def _masked(argv: Sequence[str]) -> list[str]:
-    """``argv`` with the values of credential flags (``--api-key K``) masked."""
-    shown: list[str] = []
-    hide = False
-    for arg in argv:
-        flag, eq, _ = arg.partition("=")
-        secret = arg.startswith("--") and any(w in flag.lower() for w in _SECRET_WORDS)
-        shown.append("***" if hide else f"{flag}=***" if secret and eq else arg)
-        hide = secret and not eq
-    return shown
-
-
-_SECRET_WORDS = ("key", "token", "secret", "password")
 
 
 def _shown_env(name: str) -> bool:

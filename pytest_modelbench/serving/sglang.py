@@ -92,7 +92,11 @@ class SglangEngine:
     def check(self, serve: ServeSpec) -> None:
         refuse_command(serve, self.name)
         sglang_flags(serve.args, serve.gpus)
-        try:  # servers run on this interpreter (LaunchSpec.python)
+
+    def check_here(self, _serve: ServeSpec) -> None:
+        """SGLang installed for this interpreter, which serves when the workers run here
+        (``LaunchSpec.python``); the plan asks only when they do."""
+        try:
             check_sglang_installed(sys.executable)
         except EngineNotInstalledError as exc:
             raise ValueError(f"serve.engine: {exc}") from None

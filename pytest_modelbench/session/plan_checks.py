@@ -15,14 +15,15 @@ from pytest_modelbench.planning.item import Plan, PlannedItem
 
 if TYPE_CHECKING:  # imported where used, lazily, for pytest's start-up time
     from pytest_modelbench.backends.protocol import Backend
+    from pytest_modelbench.config.schema import ServeSpec
 
 
 def check_engines(plan: Plan, config_set: ConfigSet, tx: Sequence[str] = ()) -> None:
     """Each served model's ``serve.engine`` and its settings: a usage error now, naming
     the model's key in models.yaml, rather than an item error when its server starts.
-    ``serve.command``'s program is looked up on this node's ``PATH`` only when every xdist
-    worker (``--tx``) runs on this node: another node may have it where this one does not
-    (its server start says so there)."""
+    ``serve.command``'s program on ``PATH`` and SGLang's package are looked for here only
+    when every xdist worker (``--tx``) runs on this node with this interpreter: another node
+    or interpreter may have them where this one does not (its server start says so there)."""
     # lazily: loaded only when this runs, not at every pytest start-up
     from pytest_modelbench.serving.engines import engine_for
 
@@ -33,21 +34,32 @@ def check_engines(plan: Plan, config_set: ConfigSet, tx: Sequence[str] = ()) -> 
             continue
         checked.add(item.model_name)
         try:
-            engine_for(spec.serve)
-            if spec.serve and spec.serve.engine == "command" and _programs_here(tx):
-                from pytest_modelbench.serving.command import check_program
-
-                check_program(spec.serve.command or ())
+            engine = engine_for(spec.serve)
+            if spec.serve and _workers_run_here(tx):
+                _check_here(engine, spec.serve)
         except ValueError as exc:
             where = display_path(config_set.models_path)
             raise ModelbenchUsageError(f"{where}: models.{item.model_name}.{exc}") from None
 
 
-def _programs_here(tx: Sequence[str]) -> bool:
-    """Whether every xdist worker runs on this node, so that its ``PATH`` is theirs."""
+def _workers_run_here(tx: Sequence[str]) -> bool:
+    """Whether every xdist worker runs on this node with this interpreter, so that what this
+    process finds (a program on ``PATH``, an engine's package) is what they will find."""
     from pytest_modelbench.serving.exchange import tx_nodes
 
-    return not tx_nodes(tx)[1]
+    return not tx_nodes(tx)[1] and not any("python=" in str(spec) for spec in tx)
+
+
+def _check_here(engine: object, serve: ServeSpec) -> None:
+    """What only this node can say of an engine: ``serve.command``'s program is on ``PATH``,
+    SGLang is installed (ValueError naming the key otherwise)."""
+    from pytest_modelbench.serving.command import CommandEngine, check_program
+    from pytest_modelbench.serving.sglang import SglangEngine
+
+    if isinstance(engine, CommandEngine):
+        check_program(serve.command or ())
+    elif isinstance(engine, SglangEngine):
+        engine.check_here(serve)
 
 
 def check_env_args(

@@ -69,7 +69,12 @@ class ItemResults:
         if not hook.get_hookimpls() or result.error is not None or not result.summary:
             return  # nobody listens (the common case costs nothing), or the item has no result
         try:
-            hook(config=self.config, item_id=result.item_id, summary=result.summary, result=result)
+            hook(  # the summary.json object, a plain dict the listener may keep, change or dump
+                config=self.config,
+                item_id=result.item_id,
+                summary=result.summary.to_json(),
+                result=result,
+            )
         except Exception as exc:  # a listener's bug must not stop the session (INTERNALERROR)
             self.hook_failures.append(
                 f"pytest_modelbench_item_finished raised for {result.item_id}: "

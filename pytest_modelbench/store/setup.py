@@ -59,7 +59,12 @@ class SetupRecord:
         if not isinstance(data, Mapping) or data.get("schema_version") != cls.SCHEMA_VERSION:
             return None
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("gpu_count") and not values.get("gpu_model"):
+            # GPUs NVML never saw: earlier records took ``serve.gpus`` for a model served on
+            # the CPU; unknown, so never compared with a record of what was used
+            values["gpu_count"] = None
+        return cls(**values)
 
     # -- comparing ------------------------------------------------------------------------------
     def parts(self) -> dict[str, Any]:

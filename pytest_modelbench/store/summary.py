@@ -9,9 +9,11 @@ absent from the file is ``None`` and stays absent when written again; keys the r
 not know (a backend's own fields, a third-party metric's extras) are kept in ``extra`` and
 written back as they were, so the file round-trips byte for byte.
 
-It also reads as a ``Mapping`` of its JSON (``summary["metrics"]``): the
-``pytest_modelbench_item_finished`` hook and ``mb_eval.summary`` have always handed tests
-the ``summary.json`` object, and tests written against that keep working.
+It also reads as a read-only ``Mapping`` of its JSON (``summary["metrics"]``, ``.get``,
+``in``, ``items()``): ``mb_eval.summary`` has always handed tests the ``summary.json``
+object, and tests that read it keep working; ``.copy()`` or ``to_json()`` gives a plain dict
+(for ``json.dumps`` or changing it). The ``pytest_modelbench_item_finished`` hook gets that
+plain dict.
 """
 
 from __future__ import annotations
@@ -109,13 +111,23 @@ class MetricSummary(Mapping[str, Any]):
 
 
 def _metrics(values: Any) -> dict[str, MetricSummary] | None:
-    """Typed metric entries, or None when an entry is not an object (then kept as written)."""
-    if not isinstance(values, Mapping) or not all(isinstance(m, Mapping) for m in values.values()):
+    """The metric entries that are objects, typed; None when ``metrics`` is not an object.
+    An entry that is not an object (a backend's bare number, an alias) is kept as written,
+    beside them (:func:`_other_metrics`)."""
+    if not isinstance(values, Mapping):
         return None
     return {
         str(name): m if isinstance(m, MetricSummary) else MetricSummary.from_json(m)
         for name, m in values.items()
+        if isinstance(m, Mapping)
     }
+
+
+def _other_metrics(values: Any) -> dict[str, Any]:
+    """The entries of ``metrics`` that are not objects, as written."""
+    if not isinstance(values, Mapping):
+        return {}
+    return {str(name): m for name, m in values.items() if not isinstance(m, Mapping)}
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,10 @@ class ItemSummary(Mapping[str, Any]):
     stop_rule: str | None = None  # --mb-stop-early: the key of the rule that read the item
     sandbox: Mapping[str, Any] | None = None  # code suites: the isolation the tests ran under
     extra: Mapping[str, Any] = field(default_factory=dict, metadata={"json": False})
+    # entries of ``metrics`` that are not objects (a bare number, an alias), kept as written
+    other_metrics: Mapping[str, Any] = field(
+        default_factory=dict, compare=False, repr=False, metadata={"json": False}
+    )
     # the (example, rollout) keys summarised, kept beside the summary (selection.json)
     selected: tuple[Key, ...] | None = field(
         default=None, compare=False, repr=False, metadata={"json": False}
@@ -184,7 +200,7 @@ class ItemSummary(Mapping[str, Any]):
             if name == "status":
                 value = value.value
             elif name == "metrics":
-                value = {k: m.to_json() for k, m in value.items()}
+                value = {**{k: m.to_json() for k, m in value.items()}, **self.other_metrics}
             elif name == "system_fingerprints":
                 value = list(value)
             elif isinstance(value, Mapping):
@@ -197,12 +213,14 @@ class ItemSummary(Mapping[str, Any]):
         known = set(_known(type(self)))
         extra = {k: v for k, v in self.extra.items() if k not in fields}
         values: dict[str, Any] = {}
+        if "metrics" in fields:
+            values["other_metrics"] = _other_metrics(fields["metrics"])
         for name, value in fields.items():
             typed = _typed(name, value) if name in known else None
             if typed is None and value is not None:  # unknown, or not of the known shape
                 extra[name] = value
             values[name] = typed
-        values = {k: v for k, v in values.items() if k in known}
+        values = {k: v for k, v in values.items() if k in known or k == "other_metrics"}
         return dataclasses.replace(self, **values, extra=extra)
 
     # -- what readers ask -------------------------------------------------------------------
@@ -249,6 +267,10 @@ class ItemSummary(Mapping[str, Any]):
 
     def __bool__(self) -> bool:
         return bool(self._json)
+
+    def copy(self) -> dict[str, Any]:
+        """The ``summary.json`` object as a new plain dict (``json.dumps`` takes it)."""
+        return self.to_json()
 
 
 EMPTY = ItemSummary(schema_version=None)  # an item with no summary (it failed before one)

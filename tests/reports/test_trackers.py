@@ -201,6 +201,8 @@ def pytest_modelbench_item_finished(config, item_id, summary, result):
             "worker": getattr(config, "workerinput", {}).get("workerid"),
             "score": result.score,
             "summary_score": summary["metrics"][result.metric]["value"],
+            "summary": summary,  # the summary.json object, as json.dumps takes it
+            "summary_is_dict": type(summary) is dict and summary.update(seen=1) is None,
             "verdict": result.verdict.status if result.verdict else None,
             "from_store": result.from_store,
         }) + "\\n")
@@ -224,6 +226,7 @@ def test_item_finished_hook_runs_once_per_item_on_the_controller(
         ("run7-step200-qa-seed0", False),
         ("run7-step200-qa-seed0", True),
     ]
+    assert all(c["summary_is_dict"] and "metrics" in c["summary"] for c in calls)
     scores = {c["item"]: c["summary_score"] for c in calls}
     assert all(c["score"] == scores[c["item"]] for c in calls)
     assert {c["item"]: c["verdict"] for c in calls} == {

@@ -169,7 +169,12 @@ def test_sglang_rejects_a_flag_it_does_not_know(
         (
             {"engine": "command", "command": "foo --port {port}"},
             "models.m1.serve.command: write the command as a YAML list of its words, "
-            "e.g. [foo, --port, \"{port}\"] (got 'foo --port {port}')",
+            'e.g. [foo, --port, "{port}"]',
+        ),
+        (
+            {"engine": "command", "command": "srv --port {port} --api-key 'k e y' --x"},
+            "models.m1.serve.command: write the command as a YAML list of its words, "
+            'e.g. [srv, --port, "{port}", --api-key, "***", --x]',
         ),
         (
             {"engine": None},
@@ -187,6 +192,7 @@ def test_sglang_rejects_a_flag_it_does_not_know(
         "program-missing",
         "sglang-missing",
         "command-string",
+        "command-string-with-a-key",
         "engine-null",
     ],
 )
@@ -216,22 +222,30 @@ def test_collect_only_reports_a_missing_engine_package(
     )
 
 
-def test_a_missing_program_is_left_to_other_nodes_when_workers_run_there(
+def test_a_missing_program_or_engine_is_left_to_workers_that_run_elsewhere(
     pytester: pytest.Pytester, fake_vllm: Path
 ) -> None:
-    """Workers on another node (``--tx ssh=…``) look ``serve.command[0]`` up on their own
-    PATH: the controller's plan does not refuse a program only they have. Every worker on
-    this node: refused here, before anything runs."""
+    """Workers on another node (``--tx ssh=…``, ``serving.remote``) or another interpreter
+    (``python=``) look ``serve.command[0]`` up on their own PATH and SGLang up in their own
+    environment: the controller's plan does not refuse what only they have. Every worker
+    here, on this interpreter: refused here, before anything runs."""
     from pytest_modelbench.config import load_config_set
     from pytest_modelbench.errors import ModelbenchUsageError
     from pytest_modelbench.planning.item import Plan
     from pytest_modelbench.session.plan_checks import check_engines
 
-    serve = {"engine": "command", "command": ["only-on-gpu-nodes", "--port", "{port}"]}
-    write_models(pytester.path, {"m1": {"model": "org/m1", "serve": serve}})
-    config_set = load_config_set(pytester.path / "configs")
-    item = SimpleNamespace(model=config_set.models["m1"], model_name="m1")
-    plan = cast(Plan, SimpleNamespace(items=[item]))
-    check_engines(plan, config_set, ["2*ssh=gpu-node//python=python3"])
-    with pytest.raises(ModelbenchUsageError, match="'only-on-gpu-nodes' not found on PATH"):
-        check_engines(plan, config_set, ["2*popen"])
+    command = {"engine": "command", "command": ["only-on-gpu-nodes", "--port", "{port}"]}
+    for serve, refusal in [
+        (command, "'only-on-gpu-nodes' not found on PATH"),
+        ({"engine": "sglang"}, "SGLang is not installed for"),  # not in this interpreter
+    ]:
+        write_models(pytester.path, {"m1": {"model": "org/m1", "serve": serve}})
+        config_set = load_config_set(pytester.path / "configs")
+        item = SimpleNamespace(model=config_set.models["m1"], model_name="m1")
+        plan = cast(Plan, SimpleNamespace(items=[item]))
+        check_engines(plan, config_set, ["2*ssh=gpu-node//python=python3"])
+        check_engines(plan, config_set, ["2*popen//python=/opt/sgl/bin/python"])
+        remote = f"popen//python={sys.executable} -m pytest_modelbench.serving.remote node1"
+        check_engines(plan, config_set, [remote])
+        with pytest.raises(ModelbenchUsageError, match=refusal):
+            check_engines(plan, config_set, ["2*popen"])

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_modelbench.processes import group_members
 from pytest_modelbench.serving import ServerStartError, VllmServer
-from pytest_modelbench.serving.process import ServerProcess
+from pytest_modelbench.serving.process import ServerProcess, death_cause
 from pytest_modelbench.serving.vllm import VLLM_ENTRYPOINT
 from tests.serving.conftest import pid_alive, requires_proc
 
@@ -220,3 +220,45 @@ def test_a_program_that_cannot_run_is_a_start_error_not_an_os_error(
         process.start(5.0)
     assert f"srv {why.format(program)}" in str(caught.value)
     assert not process.is_alive()
+
+
+def test_a_probe_that_refuses_a_live_server_leaves_no_server_and_no_retry(tmp_path: Path) -> None:
+    """The probe raises while the server lives (a wrong health path): the server is stopped
+    before anything else, and an earlier session's "Address already in use" in the same log
+    is not taken for this start's lost port (a retry that would orphan the first server)."""
+    log = tmp_path / "s.log"
+    log.write_text("OSError: [Errno 98] Address already in use\n")  # an earlier session's
+    pids: list[int] = []
+
+    def refuse(_url: str) -> bool:
+        pids.append(process.pid or 0)
+        raise ServerStartError("serve.health '/helth' answers 404")
+
+    process = ServerProcess(
+        lambda _port: ["sleep", "600"], env={"PATH": "/usr/bin:/bin"}, log_path=log, ready=refuse
+    )
+    with pytest.raises(ServerStartError, match="answers 404"):
+        process.start(5.0)
+    assert len(set(pids)) == 1  # one start: no retry on another port
+    assert _wait_gone(pids[:1], 10) == []  # and it was stopped
+    assert log.read_text().count(": starting: ") == 1
+
+
+def test_a_slow_start_names_no_cause_from_a_live_servers_log(tmp_path: Path) -> None:
+    """A server still alive at its deadline: an exception it logged and recovered from is not
+    given as the cause, nor is a compiler's ``cc1: error:`` line (no argparse usage before)."""
+    script = "echo 'OSError: hub offline, using the cache'; echo 'cc1: error: bad flag'; sleep 600"
+    process = ServerProcess(
+        lambda _port: ["sh", "-c", script],
+        env={"PATH": "/usr/bin:/bin"},
+        log_path=tmp_path / "s.log",
+        ready=lambda _url: False,
+        label="srv",
+    )
+    with pytest.raises(ServerStartError) as caught:
+        process.start(1.0)
+    assert str(caught.value).startswith("srv was not healthy after 1 s; stopped it.\n")
+    assert death_cause("cc1: error: bad flag\n") is None
+    assert death_cause("usage: srv [--port P]\nsrv: error: unrecognized arguments: --x\n") == (
+        "error: unrecognized arguments: --x"
+    )

@@ -167,3 +167,17 @@ def test_holm_keeps_a_setup_failure() -> None:
     assert "improvement of 0.010" in settled.message  # the test's own outcome, as it was
     shown = gates.with_setup(tested, "setup differs (engine_version): ...")
     assert shown.passed and shown.message.endswith("; setup differs (engine_version): ...")
+
+
+def test_an_earlier_cpu_record_of_serve_gpus_is_not_compared_with_the_cpu() -> None:
+    """Records made on a machine without GPU took ``serve.gpus`` (1) as the GPU count, with
+    no GPU model: read back, that count is unknown, so ``--mb-require-same-setup`` does not
+    fail every CPU item against a baseline recorded before the CPU was recorded as such."""
+    earlier = SetupRecord.from_json(
+        {"schema_version": 1, "engine": "command", "gpu_count": 1, "max_tokens": 64}
+    )
+    assert earlier is not None and earlier.gpu_count is None
+    assert earlier.differences(SetupRecord(engine="command", gpu_count=0, max_tokens=64)) == []
+    on_gpus = {"schema_version": 1, "engine": "vllm", "gpu_count": 2, "gpu_model": "H100"}
+    read = SetupRecord.from_json(on_gpus)
+    assert read is not None and read.gpu_count == 2  # NVML saw them: compared as ever

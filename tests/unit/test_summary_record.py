@@ -101,3 +101,33 @@ def test_a_result_made_from_a_plain_summary_object_reads_it_as_the_record(tmp_pa
     assert isinstance(result.summary, ItemSummary)
     assert result.summary.stopped_early == data["stopped_early"]
     assert (result.score, result.n, result.summary["n_rows"]) == (1.0, 15, 15)
+
+
+def test_a_metrics_entry_that_is_not_an_object_leaves_the_others_typed(tmp_path: Path) -> None:
+    """A backend's bare number beside its metric objects (``extra_metrics={"pass@k": 0.7}``),
+    or an older file's ``alias`` string: the objects stay typed (the score reads), the others
+    are written as they came, never as a record's repr."""
+    store = ItemStore(tmp_path / "item")
+    store.directory.mkdir()
+    rows = store.open_rows()
+    rows.append({"v": 1, "example_id": "a", "rollout": 0, "metrics": {"acc": 1.0}, "score": 1.0})
+    rows.close()
+    outcome = Outcome(
+        expected=1,
+        selected=lambda _key: True,
+        metric_names=["acc"],
+        extra_metrics={"pass@k": 0.7},
+    )
+    summary = summarise(rows, outcome).with_fields(item_id="x", primary_metric="acc")
+    assert summary.value() == 1.0
+    store.finish(
+        summary, ManifestEntry.of_summary(summary, model="m", env="e", variant="v", seed=0)
+    )
+    data = json.loads(store.summary_path.read_text())
+    assert data["metrics"]["pass@k"] == 0.7 and data["metrics"]["acc"]["value"] == 1.0
+    old = {"metrics": {"acc": {"value": 0.5}, "alias": "arc"}, "primary_metric": "acc"}
+    read = ItemSummary.from_json(old)
+    assert read.value() == 0.5 and read == old and read.to_json() == old
+    copied = read.copy()
+    copied["seen"] = 1  # a plain dict
+    assert json.loads(json.dumps(copied))["metrics"] == old["metrics"]
