@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
-    from pytest_modelbench.serving.exchange import ExchangeClient
+    from pytest_modelbench.serving.channel import ExchangeClient
     from pytest_modelbench.serving.replicas import Progress
 
 __all__ = [
@@ -331,4 +331,8 @@ class ServerPool:
             try:
                 self.stop(wait_sharers=lend)
             finally:  # a second Ctrl-C during the stop still gives the GPUs back
-                self.gpus.close()
+                try:
+                    self.gpus.close()
+                finally:  # the exchange takes the closed connection as this worker's end
+                    if self.exchange is not None:
+                        self.exchange.close()

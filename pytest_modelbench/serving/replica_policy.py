@@ -14,19 +14,33 @@ from __future__ import annotations
 import contextlib
 import ssl
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.names import safe_component
+from pytest_modelbench.serving.messages import (
+    AskWork,
+    LeaseEnded,
+    LeaseLost,
+    LeaseReady,
+    LiveServer,
+    Message,
+    NoWork,
+    Offer,
+    Release,
+    Wake,
+    WantAnswer,
+    WantServers,
+    Work,
+)
 from pytest_modelbench.serving.slot import Launch, build_server
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
-    from pytest_modelbench.serving.exchange import ExchangeClient
+    from pytest_modelbench.serving.channel import ExchangeClient
     from pytest_modelbench.serving.gpus import GpuClaimer
     from pytest_modelbench.serving.handover import Wanted
     from pytest_modelbench.serving.replicas import Claim, Progress, ReplicaSet, Server
@@ -34,7 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = ["REMOTE_POLL_S", "RemoteServer", "ReplicaPolicy", "ReplicaWarning"]
 
-REMOTE_POLL_S = 1.0  # a worker serving another node's item reports this often
+REMOTE_POLL_S = 1.0  # a worker serving another node's item checks its server this often
+WAKE_LIMIT_S = 30.0  # a helper told to wait asks again at least this often (unwoken)
 
 
 class ReplicaWarning(UserWarning):
@@ -84,6 +99,11 @@ class ReplicaPolicy:
         self._remote_closed = False  # replicas stopped: no more wants until the next set
         self.starting: str | None = None  # the item whose server is starting
         self._want_lock = threading.Lock()
+        self._pushed = threading.Condition()  # events of the exchange: leases ended, wakes
+        self._ended: set[str] = set()  # leases this worker served that their keeper released
+        self._woken = False
+        if exchange is not None:
+            exchange.listener = self._on_event
 
     # -- while this worker's items run --------------------------------------------------------
     def plan(self, item: PlannedItem) -> None:
@@ -187,22 +207,23 @@ class ReplicaPolicy:
         with self._remote_lock:  # never after stop() released everything
             if self._remote_closed:
                 return 0
-            answer = client.call(
-                "want",
-                keeper=self.worker,
-                node=self.node,
-                key=launch.key,
-                launch=launch.fields(),
-                need=need,
-                lend=lend,
-            )
-        if answer is None:
-            return 0
-        for dead in answer.get("dead", ()):
-            self.remote_dead[str(dead["id"])] = str(dead["note"])
-        for ready in answer.get("ready", ()):
-            self.remote_ready.append(RemoteServer(str(ready["id"]), str(ready["url"]), self))
-        return int(answer.get("starting", 0))
+            want = WantServers(self.worker, self.node, launch.key, launch.fields(), need, lend)
+            answer = client.call(want)
+        return answer.starting if isinstance(answer, WantAnswer) else 0
+
+    def _on_event(self, event: Message) -> None:
+        """An event the exchange pushed (in its channel's thread)."""
+        if isinstance(event, LeaseReady):
+            self.remote_ready.append(RemoteServer(event.lease, event.url, self))
+        elif isinstance(event, LeaseLost):
+            self.remote_dead[event.lease] = event.note
+        elif isinstance(event, (LeaseEnded, Wake)):
+            with self._pushed:
+                if isinstance(event, LeaseEnded):
+                    self._ended.add(event.lease)
+                else:
+                    self._woken = True
+                self._pushed.notify_all()
 
     def _take_remote(self) -> Server | None:
         return self.remote_ready.pop(0) if self.remote_ready else None
@@ -298,7 +319,7 @@ class ReplicaPolicy:
             self._replicas = None
             if self.exchange is not None:  # servers of other nodes: no longer wanted
                 with self._remote_lock:  # after any want in flight
-                    self.exchange.call("release", keeper=self.worker, id=None)
+                    self.exchange.call(Release(self.worker))
                 for server in self.remote_ready:
                     server.stop()
                 self.remote_ready.clear()
@@ -331,35 +352,36 @@ class ReplicaPolicy:
             return
         gpus = tuple(claim.gpus)
         while True:
-            live = self._live()
-            job = client.call(
-                "serve", helper=self.worker, node=self.node, gpus=len(gpus), live=live
-            )
-            if job is None or job.get("local"):
-                return  # nobody will want it, or a keeper of this node does (GPUs go back)
-            if "id" not in job:
-                if not job.get("wait"):
-                    return
-                time.sleep(REMOTE_POLL_S)
+            with self._pushed:
+                self._woken = False
+            job = client.call(AskWork(self.worker, self.node, len(gpus), self._live()))
+            if isinstance(job, NoWork) and job.wait:
+                with self._pushed:  # until a want opens or a worker ends (or the exchange left)
+                    self._pushed.wait_for(
+                        lambda: self._woken or client.failure is not None, WAKE_LIMIT_S
+                    )
                 continue
-            if job.get("lent"):  # this worker's own server, as it is
-                served = self._hold_lease(client, str(job["id"]), self.slot.server)
+            if not isinstance(job, Work):
+                return  # nobody will want it, or a keeper of this node does (GPUs go back)
+            if job.lent:  # this worker's own server, as it is
+                assert self.slot.server is not None
+                served = self._hold_lease(client, job.lease, self.slot.server)
                 stop_server()
                 if not served:
                     return
                 continue
             stop_server()  # its own server holds another launch
-            if not self._serve_lease(client, str(job["id"]), dict(job["launch"]), gpus):
+            if not self._serve_lease(client, job.lease, job.launch, gpus):
                 return
 
-    def _live(self) -> tuple[str, int, bool] | None:
-        """(launch key, port, whether it serves TLS) of this worker's own server while it runs (a vLLM one: the
-        only engine whose servers listen for other nodes)."""
+    def _live(self) -> LiveServer | None:
+        """This worker's own server while it runs (a vLLM one: the only engine whose servers
+        listen for other nodes)."""
         server, launch = self.slot.server, self.slot.launch
         if server is None or launch is None or launch.engine != "vllm" or not server.is_alive():
             return None
         port = getattr(getattr(server, "process", None), "port", None)
-        return (launch.key, int(port), is_https(server)) if port is not None else None
+        return LiveServer(launch.key, int(port), is_https(server)) if port is not None else None
 
     def _serve_lease(
         self, client: ExchangeClient, lease: str, launch: dict[str, Any], gpus: tuple[str, ...]
@@ -368,7 +390,7 @@ class ReplicaPolicy:
         False when it did not start or died (this worker then stops serving others)."""
         name = safe_component(str(launch["model_name"]))
         try:
-            server: Any = build_server(
+            server = build_server(
                 Launch.of(launch),
                 gpus,
                 self.run_dir / "servers" / f"{self.worker}-{name}-for-another-node.log",
@@ -376,34 +398,37 @@ class ReplicaPolicy:
                 self.listen(),
             )
         except (ValueError, KeyError) as exc:
-            client.call("offer", id=lease, note=f"{self.worker} on {self.node}: {exc}")
+            client.call(Offer(lease, note=f"{self.worker} on {self.node}: {exc}"))
             return False
         try:
             try:
                 server.start(float(launch["timeout_s"]))
             except Exception as exc:
-                client.call("offer", id=lease, note=f"did not start on {self.node}: {exc}")
+                client.call(Offer(lease, note=f"did not start on {self.node}: {exc}"))
                 return False
-            client.call("offer", id=lease, port=server.process.port, tls=is_https(server))
+            port = getattr(getattr(server, "process", None), "port", None)
+            client.call(Offer(lease, port=port, tls=is_https(server)))
             return self._hold_lease(client, lease, server)
         finally:
             server.stop()
 
-    def _hold_lease(self, client: ExchangeClient, lease: str, server: Any) -> bool:
-        """Report every ``REMOTE_POLL_S`` while the lease holds; True once released, False
+    def _hold_lease(self, client: ExchangeClient, lease: str, server: Server) -> bool:
+        """Serve until the keeper releases ``lease`` (pushed) or leaves; True then, False
         (reported) when ``server`` died."""
         while True:
-            time.sleep(REMOTE_POLL_S)
+            with self._pushed:
+                if self._pushed.wait_for(
+                    lambda: lease in self._ended or client.failure is not None, REMOTE_POLL_S
+                ):
+                    self._ended.discard(lease)
+                    return True
             if not server.is_alive():
                 why = server.death_report() or "its process exited"
-                client.call("offer", id=lease, note=f"on {self.node}: {why}")
+                client.call(Offer(lease, note=f"on {self.node}: {why}"))
                 return False
-            answer = client.call("lease", id=lease)
-            if answer is None or not answer.get("serve"):
-                return True
 
 
-def is_https(server: Any) -> bool:
+def is_https(server: Server) -> bool:
     """Whether ``server`` serves TLS (its URL says so)."""
     return str(server.base_url).startswith("https://")
 
@@ -423,7 +448,7 @@ class RemoteServer:
 
     def stop(self) -> None:
         if self._policy.exchange is not None:
-            self._policy.exchange.call("release", keeper=self.worker, id=self.lease)
+            self._policy.exchange.call(Release(self.worker, self.lease))
 
     @property
     def worker(self) -> str:

@@ -50,7 +50,7 @@ class SessionServers:
         if self._server_pool is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.running.progress import PROGRESS_SINK, RecordingProgress
-            from pytest_modelbench.serving.exchange import client_from
+            from pytest_modelbench.serving.channel import client_from
             from pytest_modelbench.serving.pool import ServerPool
             from pytest_modelbench.serving.replicas import item_progress
 
@@ -98,15 +98,15 @@ class SessionServers:
         exchange = self._node_exchange()
         if exchange is not None:
             # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.serving.exchange import WORKERINPUT_KEY
+            from pytest_modelbench.serving.channel import WORKERINPUT_KEY
 
             node.workerinput[WORKERINPUT_KEY] = exchange.workerinput(str(node.gateway.spec))
-            exchange.book.worker_up(node.gateway.id)
+            exchange.worker_up(node.gateway.id)
 
     def node_down(self, node: WorkerController) -> None:
         """A worker exited: helpers stop waiting for it (replicas across nodes)."""
         if self._exchange is not None:
-            self._exchange.book.worker_down(node.gateway.id)
+            self._exchange.worker_down(node.gateway.id)
 
     def close_pool(self, interrupted: bool) -> None:
         """GPUs reserved but no item run: give them back (or serve another node's item)."""

@@ -1,0 +1,251 @@
+"""The messages of the session's exchange (``serving/exchange.py``): one frozen dataclass per
+message, told apart by its ``type``, encoded and decoded here only.
+
+A worker sends requests and gets one reply each (matched by ``ref`` in the frame); the
+exchange also pushes events (``ref`` 0) when something happens that a worker waits for: a
+server became ready for its item, a server it uses was lost, a server it serves was released,
+or work may be waiting.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, TypeAlias, cast
+
+SCHEMA_VERSION = 1
+PATH = "/exchange"  # where the exchange accepts WebSockets
+
+__all__ = [
+    "PATH",
+    "Ack",
+    "AskWork",
+    "Hello",
+    "LeaseEnded",
+    "LeaseLost",
+    "LeaseReady",
+    "LiveServer",
+    "Message",
+    "NoWork",
+    "Offer",
+    "Release",
+    "Wake",
+    "WantAnswer",
+    "WantServers",
+    "Work",
+    "decode",
+    "encode",
+]
+
+
+@dataclass(frozen=True)
+class Hello:
+    """First message on a connection: which worker holds it (its close is that worker's end)."""
+
+    type: ClassVar[str] = "hello"
+    worker: str
+    """The xdist worker id (``gw3``)."""
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class WantServers:
+    """A keeper's step: ``need`` servers of ``key`` from other nodes would pay now, counting
+    those they are starting for it; ``lend``: live ones are welcome (its item has work left)."""
+
+    type: ClassVar[str] = "want"
+    keeper: str
+    node: str
+    """The keeper's node (host name and GPU claim directory)."""
+    key: str
+    """The launch key: servers of equal launches are interchangeable."""
+    launch: dict[str, Any]
+    """The launch's fields (``Launch.fields``), for a helper to start it."""
+    need: int
+    lend: bool = False
+
+
+@dataclass(frozen=True)
+class WantAnswer:
+    """How many servers other nodes are starting for the keeper."""
+
+    type: ClassVar[str] = "want-answer"
+    starting: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """A keeper lets lease ``lease`` go (None: every lease, and its want)."""
+
+    type: ClassVar[str] = "release"
+    keeper: str
+    lease: str | None = None
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    """A helper's running server: its launch ``key``, ``port``, and whether it serves TLS."""
+
+    type: ClassVar[str] = "live"
+    key: str
+    port: int
+    tls: bool
+
+
+@dataclass(frozen=True)
+class AskWork:
+    """A helper (a worker at its end, its GPUs still claimed) asks for work."""
+
+    type: ClassVar[str] = "ask-work"
+    helper: str
+    node: str
+    gpus: int
+    live: LiveServer | None = None
+
+
+@dataclass(frozen=True)
+class Work:
+    """Start ``launch`` for lease ``lease`` (``lent``: the helper's live server serves it)."""
+
+    type: ClassVar[str] = "work"
+    lease: str
+    key: str
+    launch: dict[str, Any]
+    lent: bool = False
+
+
+@dataclass(frozen=True)
+class NoWork:
+    """No work now: ``local``, a keeper of the helper's node wants its GPUs; ``wait``, items
+    may still want servers (ask again when woken); neither, none will."""
+
+    type: ClassVar[str] = "no-work"
+    local: bool = False
+    wait: bool = False
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The helper's server for ``lease`` serves on ``port``, or (``note``) did not start or
+    died."""
+
+    type: ClassVar[str] = "offer"
+    lease: str
+    port: int | None = None
+    tls: bool = False
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Ack:
+    type: ClassVar[str] = "ack"
+    error: str | None = None
+    """Why the request was not understood (the connection stays)."""
+
+
+@dataclass(frozen=True)
+class LeaseReady:
+    """Pushed to a keeper: a server of another node serves its item at ``url``."""
+
+    type: ClassVar[str] = "lease-ready"
+    lease: str
+    url: str
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    """Pushed to a keeper: the server of ``lease`` did not start, died, or its worker left."""
+
+    type: ClassVar[str] = "lease-lost"
+    lease: str
+    note: str
+
+
+@dataclass(frozen=True)
+class LeaseEnded:
+    """Pushed to a helper: its keeper released ``lease`` (or left): stop serving it."""
+
+    type: ClassVar[str] = "lease-ended"
+    lease: str
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Pushed to waiting helpers: a want opened or a worker ended; ask for work again."""
+
+    type: ClassVar[str] = "wake"
+
+
+Message: TypeAlias = (
+    Hello
+    | WantServers
+    | WantAnswer
+    | Release
+    | LiveServer
+    | AskWork
+    | Work
+    | NoWork
+    | Offer
+    | Ack
+    | LeaseReady
+    | LeaseLost
+    | LeaseEnded
+    | Wake
+)
+_TYPES: dict[str, type[Any]] = {
+    kind.type: kind
+    for kind in (
+        Hello,
+        WantServers,
+        WantAnswer,
+        Release,
+        LiveServer,
+        AskWork,
+        Work,
+        NoWork,
+        Offer,
+        Ack,
+        LeaseReady,
+        LeaseLost,
+        LeaseEnded,
+        Wake,
+    )
+}
+
+
+def _fields(message: Message) -> dict[str, Any]:
+    body = asdict(message)
+    for name in body:  # nested messages keep their type
+        nested = getattr(message, name)
+        if type(nested) in _TYPES.values():
+            body[name] = _fields(nested)
+    return {"type": message.type, **body}
+
+
+def encode(message: Message, ref: int = 0) -> str:
+    """One frame: the message and the request it answers (0: an event)."""
+    return json.dumps({"ref": ref, "msg": _fields(message)})
+
+
+def _build(fields: Any) -> Message:
+    if not isinstance(fields, dict) or fields.get("type") not in _TYPES:
+        raise ValueError(f"not a message of the exchange: {fields!r:.200}")
+    kind = _TYPES[fields["type"]]
+    values = {k: v for k, v in fields.items() if k != "type"}
+    for name, value in values.items():
+        if isinstance(value, dict) and "type" in value:
+            values[name] = _build(value)
+        elif isinstance(value, list):
+            values[name] = tuple(value)
+    try:
+        return cast(Message, kind(**values))
+    except TypeError as exc:
+        raise ValueError(f"{fields['type']}: {exc}") from None
+
+
+def decode(frame: str | bytes) -> tuple[int, Message]:
+    """(ref, message) of a frame; ValueError when it is not one."""
+    data = json.loads(frame)
+    if not isinstance(data, dict) or not isinstance(data.get("ref"), int):
+        raise ValueError(f"not a frame of the exchange: {str(frame)[:200]}")
+    return data["ref"], _build(data.get("msg"))
