@@ -55,6 +55,7 @@ def client_from(
         str(given["server_key"]),
         worker=str((workerinput or {}).get("workerid") or "worker"),
         local=bool(given.get("local")),
+        nodes=int(given.get("nodes", 2)),
         tls=SessionTls.of(tls) if isinstance(tls, Mapping) else None,
     )
 
@@ -72,6 +73,7 @@ class ExchangeClient:
         *,
         worker: str = "worker",
         local: bool = False,
+        nodes: int = 2,
         tls: SessionTls | None = None,
     ) -> None:
         """``local``: every node of the session is this one (servers stay on loopback).
@@ -83,6 +85,7 @@ class ExchangeClient:
         self._token = token
         self.server_key = server_key
         self.local = local
+        self.nodes = nodes  # the session's nodes: with one, nobody serves another's item
         self.failure: str | None = None
         self.listener: Callable[[Message], None] = lambda _event: None
         self._failures = 0

@@ -49,6 +49,7 @@ from pytest_modelbench.serving.messages import (
     PATH,
     Ack,
     AskWork,
+    GpusGiven,
     Hello,
     LeaseEnded,
     LeaseLost,
@@ -57,6 +58,7 @@ from pytest_modelbench.serving.messages import (
     NoWork,
     Offer,
     Release,
+    SessionGpus,
     Wake,
     WantAnswer,
     WantServers,
@@ -131,6 +133,7 @@ class ExchangeBook:
     down: set[str] = field(default_factory=set)  # those that exited
     helpers: set[str] = field(default_factory=set)  # those at their end, asking for work
     waiting: set[str] = field(default_factory=set)  # helpers told to wait, not yet woken
+    given: dict[str, set[str]] = field(default_factory=dict)  # node -> GPUs given back there
     rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -165,7 +168,19 @@ class ExchangeBook:
             self.wants[want.keeper] = new
             if old is None or (old.key, old.open, old.lend) != (new.key, new.open, new.lend):
                 events += self._wake()
-            return WantAnswer(starting), events
+            return WantAnswer(starting, tuple(sorted(self.given.get(want.node, ())))), events
+
+    def session_gpus(self, note: SessionGpus) -> Events:
+        """GPUs of a node given back to the session (its keepers are told at once), or
+        taken."""
+        with self._lock:
+            given = self.given.setdefault(note.node, set())
+            if not note.free:
+                given.difference_update(note.gpus)
+                return []
+            given.update(note.gpus)
+            keepers = sorted(w.keeper for w in self.wants.values() if w.node == note.node)
+            return [(keeper, GpusGiven(tuple(note.gpus))) for keeper in keepers]
 
     def release(self, release: Release) -> Events:
         """The keeper lets one lease (or, with None, every lease and its want) go."""
@@ -297,8 +312,10 @@ class _Connection:
 class Exchange:
     """The controller's exchange: an ``aiohttp`` WebSocket server in a daemon thread."""
 
-    def __init__(self, host: str | None = "127.0.0.1") -> None:
-        """``host`` None listens on every interface (IPv4 and IPv6)."""
+    def __init__(self, host: str | None = "127.0.0.1", nodes: int = 2) -> None:
+        """``host`` None listens on every interface (IPv4 and IPv6); ``nodes``: how many the
+        session's workers run on (with one, nobody serves another node's item)."""
+        self.nodes = nodes
         self.token = secrets.token_hex(16)
         self.server_key = secrets.token_hex(16)  # what helpers' servers require
         remember(self.server_key)
@@ -331,6 +348,7 @@ class Exchange:
             "networked": networked,
             "local": self.host is not None,  # every node is this one: servers stay on loopback
             "port": self.port,
+            "nodes": self.nodes,
             "token": self.token,
             "server_key": self.server_key,
             "tls": self._tls[1].fields() if self._tls is not None else None,
@@ -423,6 +441,8 @@ class Exchange:
             live = message.live
             url = _url(connection.peer, live.port, live.tls) if live is not None else None
             return book.serve(message, url)
+        if isinstance(message, SessionGpus):
+            return Ack(), book.session_gpus(message)
         if isinstance(message, Offer):
             port = message.port
             url = _url(connection.peer, port, message.tls) if port is not None else None

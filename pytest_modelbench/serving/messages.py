@@ -20,6 +20,7 @@ __all__ = [
     "PATH",
     "Ack",
     "AskWork",
+    "GpusGiven",
     "Hello",
     "LeaseEnded",
     "LeaseLost",
@@ -29,6 +30,7 @@ __all__ = [
     "NoWork",
     "Offer",
     "Release",
+    "SessionGpus",
     "Wake",
     "WantAnswer",
     "WantServers",
@@ -67,10 +69,23 @@ class WantServers:
 
 @dataclass(frozen=True)
 class WantAnswer:
-    """How many servers other nodes are starting for the keeper."""
+    """How many servers other nodes are starting for the keeper, and the GPUs of its node
+    that workers of the session gave back (for replicas)."""
 
     type: ClassVar[str] = "want-answer"
     starting: int
+    given: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionGpus:
+    """A worker gave ``gpus`` of ``node`` back to the session (``free``), or found them taken
+    (claimed for a replica, or by another session: not ``free``)."""
+
+    type: ClassVar[str] = "session-gpus"
+    node: str
+    gpus: tuple[str, ...]
+    free: bool = True
 
 
 @dataclass(frozen=True)
@@ -170,6 +185,14 @@ class LeaseEnded:
 
 
 @dataclass(frozen=True)
+class GpusGiven:
+    """Pushed to the keepers of a node: workers of the session gave ``gpus`` back there."""
+
+    type: ClassVar[str] = "gpus-given"
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Wake:
     """Pushed to waiting helpers: a want opened or a worker ended; ask for work again."""
 
@@ -190,6 +213,8 @@ Message: TypeAlias = (
     | LeaseReady
     | LeaseLost
     | LeaseEnded
+    | SessionGpus
+    | GpusGiven
     | Wake
 )
 _TYPES: dict[str, type[Any]] = {
@@ -208,6 +233,8 @@ _TYPES: dict[str, type[Any]] = {
         LeaseReady,
         LeaseLost,
         LeaseEnded,
+        SessionGpus,
+        GpusGiven,
         Wake,
     )
 }

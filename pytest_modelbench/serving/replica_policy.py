@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.serving.messages import (
     AskWork,
+    GpusGiven,
     LeaseEnded,
     LeaseLost,
     LeaseReady,
@@ -30,6 +31,7 @@ from pytest_modelbench.serving.messages import (
     NoWork,
     Offer,
     Release,
+    SessionGpus,
     Wake,
     WantAnswer,
     WantServers,
@@ -102,8 +104,11 @@ class ReplicaPolicy:
         self._pushed = threading.Condition()  # events of the exchange: leases ended, wakes
         self._ended: set[str] = set()  # leases this worker served that their keeper released
         self._woken = False
+        self._given: set[str] = set()  # GPUs of this node the session gave back (exchange)
+        self._given_lock = threading.Lock()
         if exchange is not None:
             exchange.listener = self._on_event
+            claimer.on_give_back = self._gave_back
 
     # -- while this worker's items run --------------------------------------------------------
     def plan(self, item: PlannedItem) -> None:
@@ -131,8 +136,9 @@ class ReplicaPolicy:
             or self._progress is None
             or self.claimer.held is None
             or self.claimer.cpu
+            or self.exchange is None
         ):
-            return  # no session to share GPUs with, or serving on the CPU
+            return  # no session (or exchange) to share GPUs with, or serving on the CPU
         launch = self.slot.launch
         assert launch is not None
         # lazily: serving loads only when a worker starts a server (pytest start-up)
@@ -152,7 +158,7 @@ class ReplicaPolicy:
             progress=self._served_progress,
             start_s=self.slot.start_s if urls is not None else START_GUESS_S,
             borrow=lambda: take(session, key, lock_dir) or self._take_remote(),
-            give_back=lambda found: found.give_back(session),  # type: ignore[attr-defined]
+            give_back=self._give_back,
             estimate=self._estimate_of,
             primary_ready=urls is not None,
             want_more=self._want_remote,
@@ -202,14 +208,23 @@ class ReplicaPolicy:
         (``lend``: the item has work left); collect the servers other nodes made ready and
         the deaths. Returns how many other nodes are starting one for this worker."""
         client, launch = self.exchange, self.slot.launch
-        if client is None or launch is None or launch.engine != "vllm":  # see build_server
+        if client is None or launch is None:
             return 0
+        if launch.engine != "vllm":  # only vLLM's servers listen for other nodes: build_server
+            need, lend = 0, False
         with self._remote_lock:  # never after stop() released everything
             if self._remote_closed:
                 return 0
             want = WantServers(self.worker, self.node, launch.key, launch.fields(), need, lend)
             answer = client.call(want)
-        return answer.starting if isinstance(answer, WantAnswer) else 0
+        if not isinstance(answer, WantAnswer):
+            return 0
+        with self._given_lock:
+            new = set(answer.given) - self._given
+            self._given.update(new)
+        if new and self._replicas is not None:  # given back before this worker wanted any
+            self._replicas.wake()
+        return answer.starting
 
     def _on_event(self, event: Message) -> None:
         """An event the exchange pushed (in its channel's thread)."""
@@ -217,6 +232,12 @@ class ReplicaPolicy:
             self.remote_ready.append(RemoteServer(event.lease, event.url, self))
         elif isinstance(event, LeaseLost):
             self.remote_dead[event.lease] = event.note
+        elif isinstance(event, GpusGiven):
+            with self._given_lock:
+                self._given.update(event.gpus)
+            replicas = self._replicas
+            if replicas is not None:
+                replicas.wake()
         elif isinstance(event, (LeaseEnded, Wake)):
             with self._pushed:
                 if isinstance(event, LeaseEnded):
@@ -276,9 +297,36 @@ class ReplicaPolicy:
                 self._wanted = Wanted(self.session, self.worker, launch.key, default_lock_dir())
 
     def _claim_replica(self) -> Claim | None:
-        """Free GPUs of this session for one more server, or None."""
+        """GPUs of this node the session gave back (the exchange says which) for one more
+        server, or None. Their lock notes decide: one that another session claimed since,
+        or a replica took, is no longer given (and the exchange is told)."""
         assert self.session is not None and self.slot.launch is not None
-        return self.claimer.spare(self.slot.launch.gpus)
+        with self._given_lock:
+            candidates = set(self._given)
+        n = self.slot.launch.gpus
+        if len(candidates) < n:
+            return None
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.gpus import session_gpus
+
+        given_back = set(session_gpus(self.session)) & candidates
+        found = self.claimer.spare(n, given_back) if len(given_back) >= n else None
+        taken = (candidates - given_back) | set(found.gpus if found is not None else ())
+        with self._given_lock:
+            self._given -= taken
+        if taken and self.exchange is not None:
+            self.exchange.call(SessionGpus(self.node, tuple(sorted(taken)), free=False))
+        return found
+
+    def _give_back(self, claim: Claim) -> None:
+        """A replica's GPUs go back to the session, and its exchange says so."""
+        assert self.session is not None
+        claim.give_back(self.session)  # type: ignore[attr-defined]
+        self._gave_back(tuple(claim.gpus))
+
+    def _gave_back(self, gpus: tuple[str, ...]) -> None:
+        if self.exchange is not None and gpus:
+            self.exchange.call(SessionGpus(self.node, gpus))
 
     def _launch_replica(
         self, gpus: tuple[str, ...], index: int, launched: Callable[[Server], None]
@@ -348,7 +396,7 @@ class ReplicaPolicy:
         that fits this worker's GPUs (and none on this node does), serve it on them.
         ``stop_server`` stops the slot's server (with its replicas and sharers)."""
         client, claim = self.exchange, self.claimer.held
-        if client is None or claim is None or claim.cpu or not claim.gpus:
+        if client is None or claim is None or claim.cpu or not claim.gpus or client.nodes < 2:
             return
         gpus = tuple(claim.gpus)
         while True:

@@ -25,6 +25,7 @@ from pytest_modelbench.serving.exchange import Exchange, ExchangeBook, reachable
 from pytest_modelbench.serving.messages import (
     Ack,
     AskWork,
+    GpusGiven,
     LeaseEnded,
     LeaseLost,
     LeaseReady,
@@ -33,6 +34,7 @@ from pytest_modelbench.serving.messages import (
     NoWork,
     Offer,
     Release,
+    SessionGpus,
     Wake,
     WantAnswer,
     WantServers,
@@ -155,6 +157,20 @@ def test_a_failed_start_is_reported_to_its_keeper() -> None:
         ("gw0", LeaseLost(job.lease, note))
     ]
     assert book.want(want(0))[0] == WantAnswer(0)
+
+
+def test_gpus_given_back_are_pushed_to_the_keepers_of_their_node() -> None:
+    """Replicas on GPUs the session gave back: the keepers of that node are told at once
+    (no lock notes are polled), a keeper that starts wanting later hears of them in its
+    answer, and GPUs taken are no longer offered."""
+    book = ExchangeBook()
+    book.want(want(1))  # gw0 on node a
+    book.want(WantServers("gw7", "b", "k", LAUNCH, 1))
+    events = book.session_gpus(SessionGpus("a", ("2", "3")))
+    assert events == [("gw0", GpusGiven(("2", "3")))]  # not gw7: another node's GPUs
+    assert book.want(want(1, keeper="gw9"))[0] == WantAnswer(0, given=("2", "3"))
+    assert book.session_gpus(SessionGpus("a", ("2",), free=False)) == []
+    assert book.want(want(1))[0].given == ("3",)
 
 
 def test_a_helper_on_the_controllers_node_is_reached_at_the_controllers_address() -> None:
@@ -480,6 +496,38 @@ def test_an_unreachable_exchange_is_reported_once_and_not_called_again(tmp_path:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pool.report_replicas()  # once
+
+
+REPORT_EXCHANGE = """
+import sys
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):  # the controller
+        started = "pytest_modelbench.serving.exchange" in sys.modules
+        with open("exchange-started", "w") as out:
+            out.write(str(started))
+"""
+
+
+def test_the_exchange_runs_only_in_xdist_sessions_that_serve_models(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node, two workers, a served model: the workers coordinate through the exchange;
+    an xdist session with nothing to serve never starts (nor imports) it."""
+    root = pytester.path
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.01")
+    write_project(root)
+    (root / "conftest.py").write_text(REPORT_EXCHANGE)
+    args = ("--model", "m1", "-k", "small", "-n", "2", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("benchmarks/", *args)
+    result.assert_outcomes(passed=1)
+    assert (root / "exchange-started").read_text() == "True"
+    (root / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("test_nothing.py", "-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert (root / "exchange-started").read_text() == "False"
 
 
 # -- TLS from the session's CA ---------------------------------------------------------------
