@@ -134,6 +134,7 @@ class ExchangeBook:
     helpers: set[str] = field(default_factory=set)  # those at their end, asking for work
     waiting: set[str] = field(default_factory=set)  # helpers told to wait, not yet woken
     given: dict[str, set[str]] = field(default_factory=dict)  # node -> GPUs given back there
+    nodes: int = 2  # the session's nodes: with one, helpers never wait for work
     rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -203,8 +204,10 @@ class ExchangeBook:
             self.helpers.add(ask.helper)
             self.waiting.discard(ask.helper)
             if ask.live is not None and live_url is not None:
-                takers = [w for w in self.wants.values() if w.lend and w.key == ask.live.key]
-                takers = [w for w in takers if w.node != ask.node]  # this node's: handover.py
+                live = ask.live
+                takers = [w for w in self.wants.values() if w.lend and w.key == live.key]
+                here = [w for w in takers if w.node == ask.node]  # this node's first
+                takers = here or [w for w in takers if live.remote and w.node != ask.node]
                 if takers:
                     want = self.rng.choice(takers)
                     lease = _Lease(
@@ -223,6 +226,8 @@ class ExchangeBook:
                 return NoWork(local=True), []
             fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == ask.gpus]
             if not fits:
+                if self.nodes < 2:  # nobody else will want this helper's GPUs
+                    return NoWork(), []
                 running = self.workers - self.down - self.helpers
                 if self.wants or running:
                     self.waiting.add(ask.helper)
@@ -319,7 +324,7 @@ class Exchange:
         self.token = secrets.token_hex(16)
         self.server_key = secrets.token_hex(16)  # what helpers' servers require
         remember(self.server_key)
-        self.book = ExchangeBook()
+        self.book = ExchangeBook(nodes=nodes)
         self.host = host
         self.port = 0
         self.connections: dict[str, _Connection] = {}

@@ -1,20 +1,12 @@
-"""Lending a live server to another worker of the same session on this node.
+"""Sharing a running server with the workers of the same session on this node that have no
+GPU of their own, and the ``flock`` helpers of the GPU claims.
 
-A worker with nothing left to run whose server holds the model of an item still running on
-its node does not stop that server: it offers it, and the running item's worker takes it as
-a replica at once (no start). Files in a host-local directory next to the GPU locks
-(``<lock dir>/session-<id>/``) carry the protocol, with ``flock`` locks, which the kernel
-drops when a process dies:
-
-* ``want-<worker>.lock``: held by a worker while it serves ``key`` (the launch of its
-  server: weights, served name, engine args, GPUs per server) and could use more servers;
-* ``offer-<worker>.json``: a server of ``key`` at ``url`` (process ``pid``), offered by a
-  worker that has nothing left to run; it waits while anyone wants ``key``;
-* ``taken-<worker>.lock``: held by the worker using that offer; when it lets go (its item's
-  model is done, or it died) the lender stops waiting and stops its server.
-
-A worker that finds no free GPU shares a running server instead (:func:`share`): every
-worker's server is published while it runs, and shared by any number of workers at once:
+(Lending a server, and every other coordination between the workers of a session, goes
+through the session's exchange: ``serving/exchange.py``.) A worker that finds no free GPU
+shares a running server (:func:`share`): every worker's server is published while it runs,
+in a host-local directory next to the GPU locks (``<lock dir>/session-<id>/``), and shared
+by any number of workers at once, with ``flock`` locks, which the kernel drops when a
+process dies:
 
 * ``serving-<worker>-<pid>.json``: a running server of ``key`` at ``url``;
 * ``serving-<worker>-<pid>.lock``: a shared lock held by each worker sending to it while an
@@ -33,23 +25,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-OFFER_POLL_S = 0.2
-PATIENCE_S = 30.0  # wanted but not taken this long: the taker cannot use it, give up
-WITHDRAW_WAIT_S = 10.0  # a taker that holds on after the offer is withdrawn is not waited for
+OFFER_POLL_S = 0.2  # how often a withdrawn shared server looks whether its sharers let go
 
-__all__ = [
-    "Borrowed",
-    "Offer",
-    "Published",
-    "Shared",
-    "Wanted",
-    "held",
-    "launch_key",
-    "lock_exclusive",
-    "share",
-    "take",
-    "wanted",
-]
+__all__ = ["Published", "Shared", "held", "launch_key", "lock_exclusive", "share"]
 
 
 def launch_key(fields: Mapping[str, Any]) -> str:
@@ -115,39 +93,6 @@ def _unlock(fd: int) -> None:
     os.close(fd)
 
 
-class Wanted:
-    """Says "more servers of ``key`` are welcome here" while open."""
-
-    def __init__(self, session: str, worker: str, key: str, lock_dir: Path) -> None:
-        directory = session_dir(session, lock_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"want-{worker}.lock"
-        fd = _lock(self.path)
-        if fd is None:
-            raise RuntimeError(f"{self.path} is held by another process")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, key.encode(), 0)
-        self._fd: int | None = fd
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-            _unlock(fd)
-            _tidy(self.path.parent)
-
-
-def wanted(session: str, key: str, lock_dir: Path) -> bool:
-    """Whether a live worker of the session on this node wants servers of ``key``."""
-    directory = session_dir(session, lock_dir)
-    for path in _glob(directory, "want-*.lock"):
-        with contextlib.suppress(OSError):
-            if path.read_text() == key and held(path):
-                return True
-    return False
-
-
 def _tidy(directory: Path) -> None:
     """Remove the session's directory once nothing is left in it (the last one out)."""
     with contextlib.suppress(OSError):
@@ -159,128 +104,6 @@ def _glob(directory: Path, pattern: str) -> Iterator[Path]:
         yield from sorted(directory.glob(pattern))
     except OSError:
         return
-
-
-class Offer:
-    """The lender's side: offers a running server while anyone wants its ``key``."""
-
-    def __init__(
-        self, session: str, worker: str, key: str, url: str, pid: int | None, lock_dir: Path
-    ) -> None:
-        self.directory = session_dir(session, lock_dir)
-        self.session = session
-        self.key = key
-        self.lock_dir = lock_dir
-        self.path = self.directory / f"offer-{worker}.json"
-        self.taken = self.directory / f"taken-{worker}.lock"
-        self.record = {"key": key, "url": url, "pid": pid, "worker": worker}
-        self.lent = 0  # how many times a worker took it
-
-    def lend(
-        self,
-        alive: Any = lambda: True,
-        poll_s: float = OFFER_POLL_S,
-        patience_s: float = PATIENCE_S,
-    ) -> int:
-        """Offer the server and wait while it is in use or wanted; withdraw it when nobody
-        wants it any more, nobody took it for ``patience_s`` although wanted, or the server
-        died. Returns how many times it was taken."""
-        if not wanted(self.session, self.key, self.lock_dir):
-            return 0
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.taken.touch()  # takers never create it: a withdrawn offer leaves nothing behind
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.record))
-        os.replace(tmp, self.path)
-        try:
-            using = False
-            idle_since = time.monotonic()
-            while alive():
-                if held(self.taken):
-                    using = True
-                elif using:  # let go: count it, and offer it again to whoever still wants it
-                    using = False
-                    self.lent += 1
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > patience_s or not wanted(
-                    self.session, self.key, self.lock_dir
-                ):
-                    break
-                time.sleep(poll_s)
-        finally:
-            self._withdraw()
-        return self.lent
-
-    def _withdraw(self) -> None:
-        """Remove the offer; a taker that locked it just before keeps it until it lets go
-        (waited for up to ``WITHDRAW_WAIT_S``: its worker sees the server die, and copes)."""
-        with contextlib.suppress(OSError):
-            self.path.unlink()
-        end = time.monotonic() + WITHDRAW_WAIT_S
-        while True:
-            fd = _lock(self.taken, create=False)
-            if fd is not None or time.monotonic() > end or not self.taken.exists():
-                with contextlib.suppress(OSError):
-                    self.taken.unlink()
-                if fd is not None:
-                    _unlock(fd)
-                _tidy(self.directory)
-                return
-            time.sleep(OFFER_POLL_S)
-
-
-class Borrowed:
-    """The taker's side: another worker's server, used as a replica until :meth:`stop`."""
-
-    def __init__(self, url: str, pid: int | None, worker: str, fd: int) -> None:
-        self.base_url = url
-        self.pid = pid
-        self.worker = worker
-        self._fd: int | None = fd
-
-    def is_alive(self) -> bool:
-        return self.pid is None or _alive(self.pid)
-
-    def stop(self) -> None:
-        """Give it back (its worker stops it once nobody wants it)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            _unlock(fd)
-
-    def death_report(self) -> str | None:
-        if self.is_alive():
-            return None
-        return f"the server lent by worker {self.worker} (pid {self.pid}) exited"
-
-
-def take(session: str, key: str, lock_dir: Path) -> Borrowed | None:
-    """An offered server of ``key``, locked for this process; None when none is free."""
-    directory = session_dir(session, lock_dir)
-    for path in _glob(directory, "offer-*.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(record, dict) or record.get("key") != key:
-            continue
-        worker = str(record.get("worker"))
-        pid = record.get("pid")
-        pid = pid if isinstance(pid, int) else None
-        if pid is not None and not _alive(pid):  # its worker was killed: a stale offer
-            with contextlib.suppress(OSError):
-                path.unlink()
-            continue
-        try:
-            fd = _lock(directory / f"taken-{worker}.lock", create=False)
-        except OSError:
-            continue
-        if fd is None:
-            continue
-        if not path.exists():  # withdrawn meanwhile
-            _unlock(fd)
-            continue
-        return Borrowed(str(record["url"]), pid, worker, fd)
-    return None
 
 
 def _alive(pid: int) -> bool:

@@ -99,12 +99,14 @@ class Release:
 
 @dataclass(frozen=True)
 class LiveServer:
-    """A helper's running server: its launch ``key``, ``port``, and whether it serves TLS."""
+    """A helper's running server: its launch ``key``, ``port``, whether it serves TLS, and
+    whether other nodes reach it (``remote``; else it is lent on its node only)."""
 
     type: ClassVar[str] = "live"
     key: str
     port: int
     tls: bool
+    remote: bool = True
 
 
 @dataclass(frozen=True)

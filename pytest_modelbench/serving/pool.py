@@ -325,8 +325,7 @@ class ServerPool:
         try:
             self.replicas.stop()
             if lend:
-                self.replicas.lend()
-                self.replicas.serve_other_nodes(self.stop)
+                self.replicas.help_others(self.stop)
         finally:
             try:
                 self.stop(wait_sharers=lend)

@@ -11,9 +11,9 @@ serves an item of another node; failing that, its GPUs serve one.
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 import threading
+import urllib.parse
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from pytest_modelbench.running.urls import UrlSet
     from pytest_modelbench.serving.channel import ExchangeClient
     from pytest_modelbench.serving.gpus import GpuClaimer
-    from pytest_modelbench.serving.handover import Wanted
     from pytest_modelbench.serving.replicas import Claim, Progress, ReplicaSet, Server
     from pytest_modelbench.serving.slot import ServerSlot
 
@@ -91,7 +90,6 @@ class ReplicaPolicy:
         self.remote_dead: dict[str, str] = {}  # their lease -> why it ended
         self._exchange_reported = False
         self._replicas: ReplicaSet | None = None
-        self._wanted: Wanted | None = None  # "more servers of my model welcome" (replicas)
         self.served_items: set[str] = set()  # items the slot's current server serves
         self._planned: dict[str, PlannedItem] = {}  # items this worker served
         self._estimates: dict[str, float | None] = {}  # their work, seconds on one server
@@ -143,11 +141,8 @@ class ReplicaPolicy:
         assert launch is not None
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.running.urls import UrlSet
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import take
         from pytest_modelbench.serving.replicas import START_GUESS_S, ReplicaSet
 
-        session, key, lock_dir = self.session, launch.key, default_lock_dir()
         with self._remote_lock:
             self._remote_closed = False
         self._replicas = ReplicaSet(
@@ -157,7 +152,7 @@ class ReplicaPolicy:
             claim=self._claim_replica,
             progress=self._served_progress,
             start_s=self.slot.start_s if urls is not None else START_GUESS_S,
-            borrow=lambda: take(session, key, lock_dir) or self._take_remote(),
+            borrow=self._take_remote,
             give_back=self._give_back,
             estimate=self._estimate_of,
             primary_ready=urls is not None,
@@ -275,26 +270,7 @@ class ReplicaPolicy:
         run in between); other workers may lend servers of this model just as long."""
         found = self._progress() if self._progress is not None else None
         serving = found is not None and found[0] in self.served_items
-        self._want(serving)
         return found if serving else None
-
-    def _want(self, wanted: bool) -> None:
-        """Say (or stop saying) that servers of this model are welcome here (``Wanted``)."""
-        with self._want_lock:
-            if not wanted:
-                if self._wanted is not None:
-                    self._wanted.close()
-                    self._wanted = None
-                return
-            launch = self.slot.launch
-            if self._wanted is not None or self.session is None or launch is None:
-                return
-            # lazily: serving loads only when a worker starts a server (pytest start-up)
-            from pytest_modelbench.serving.gpus import default_lock_dir
-            from pytest_modelbench.serving.handover import Wanted
-
-            with contextlib.suppress(OSError, RuntimeError):  # lending is a bonus only
-                self._wanted = Wanted(self.session, self.worker, launch.key, default_lock_dir())
 
     def _claim_replica(self) -> Claim | None:
         """GPUs of this node the session gave back (the exchange says which) for one more
@@ -371,32 +347,16 @@ class ReplicaPolicy:
                 for server in self.remote_ready:
                     server.stop()
                 self.remote_ready.clear()
-        self._want(False)
 
     # -- at this worker's end -----------------------------------------------------------------
-    def lend(self) -> None:
-        """Nothing left to run here: while a worker of the session on this node runs an item
-        of the same model, it uses this server as a replica; stop only after that."""
-        server, launch = self.slot.server, self.slot.launch
-        if self.session is None or launch is None or server is None:
-            return
-        # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import Offer
-
-        pid = getattr(getattr(server, "process", None), "pid", None)
-        offer = Offer(
-            self.session, self.worker, launch.key, server.base_url, pid, default_lock_dir()
-        )
-        with contextlib.suppress(OSError):
-            offer.lend(alive=server.is_alive)
-
-    def serve_other_nodes(self, stop_server: Callable[[], None]) -> None:
-        """Nothing left to run here: while an item on another node wants servers of a launch
-        that fits this worker's GPUs (and none on this node does), serve it on them.
-        ``stop_server`` stops the slot's server (with its replicas and sharers)."""
+    def help_others(self, stop_server: Callable[[], None]) -> None:
+        """Nothing left to run here: lend this worker's server as it is to a worker running an
+        item of its launch (of this node; of another, for a vLLM server), or, while an item on
+        another node wants servers of a launch that fits this worker's GPUs (and none on this
+        node does), serve it on them. ``stop_server`` stops the slot's server (with its
+        replicas and sharers)."""
         client, claim = self.exchange, self.claimer.held
-        if client is None or claim is None or claim.cpu or not claim.gpus or client.nodes < 2:
+        if client is None or claim is None or claim.cpu or not claim.gpus:
             return
         gpus = tuple(claim.gpus)
         while True:
@@ -423,13 +383,15 @@ class ReplicaPolicy:
                 return
 
     def _live(self) -> LiveServer | None:
-        """This worker's own server while it runs (a vLLM one: the only engine whose servers
-        listen for other nodes)."""
+        """This worker's own server while it runs (``remote``: a vLLM one, the only engine
+        whose servers listen for other nodes)."""
         server, launch = self.slot.server, self.slot.launch
-        if server is None or launch is None or launch.engine != "vllm" or not server.is_alive():
+        if server is None or launch is None or not server.is_alive():
             return None
-        port = getattr(getattr(server, "process", None), "port", None)
-        return LiveServer(launch.key, int(port), is_https(server)) if port is not None else None
+        port = urllib.parse.urlsplit(server.base_url).port
+        if port is None:
+            return None
+        return LiveServer(launch.key, port, is_https(server), remote=launch.engine == "vllm")
 
     def _serve_lease(
         self, client: ExchangeClient, lease: str, launch: dict[str, Any], gpus: tuple[str, ...]

@@ -114,8 +114,6 @@ def test_a_live_server_is_lent_to_another_node_running_its_launch() -> None:
     book = ExchangeBook()
     book.worker_up("gw0")
     book.want(want(0, lend=True))
-    mine = book.serve(ask("gw2", "a", live=LiveServer("k", 1, False)), "http://a:1/v1")
-    assert mine[0] == NoWork(wait=True)  # its own node's keeper borrows through handover.py
     other = book.serve(ask("gw3", "b", live=LiveServer("other", 2, False)), "http://b:2/v1")
     assert other[0] == NoWork(wait=True)
     lent, events = book.serve(ask("gw1", "b", live=LiveServer("k", 1, False)), "http://b:1/v1")
@@ -124,6 +122,23 @@ def test_a_live_server_is_lent_to_another_node_running_its_launch() -> None:
     book.want(want(0, lend=False))  # its item is done
     again = book.serve(ask("gw4", "c", live=LiveServer("k", 1, False)), "http://c:1/v1")
     assert again[0] == NoWork(wait=True)
+
+
+def test_a_live_server_is_lent_on_its_own_node_first_whatever_its_engine() -> None:
+    """A worker at its end lends its server to a keeper of its node running that launch (any
+    engine: its server is reached on that node), before any of another node; a server other
+    nodes cannot reach (not ``remote``) is lent on its node only; and in a session of one node
+    a helper with nothing to lend never waits."""
+    book = ExchangeBook(nodes=1)
+    book.want(want(0, lend=True))  # gw0 on node a
+    book.want(WantServers("gw7", "b", "k", LAUNCH, 0, lend=True))
+    local = LiveServer("k", 1, False, remote=False)
+    lent, events = book.serve(ask("gw1", "a", live=local), "http://127.0.0.1:1/v1")
+    assert isinstance(lent, Work) and lent.lent
+    assert events == [("gw0", LeaseReady(lent.lease, "http://127.0.0.1:1/v1"))]
+    other_node = book.serve(ask("gw2", "c", live=local), "http://c:1/v1")
+    assert not isinstance(other_node[0], Work)  # gw7 of node b cannot reach it
+    assert book.serve(ask("gw3", "a"))[0] == NoWork()  # one node: nothing to wait for
 
 
 def test_a_closed_connection_releases_a_keeper_and_loses_a_helper() -> None:
