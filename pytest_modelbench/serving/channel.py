@@ -29,7 +29,17 @@ HEARTBEAT_S = 10.0  # the exchange's silence this long (its node vanished) close
 WORKERINPUT_KEY = "modelbench_exchange"
 HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
 
-__all__ = ["HOST_ENV", "WORKERINPUT_KEY", "ExchangeClient", "client_from"]
+__all__ = ["HOST_ENV", "WORKERINPUT_KEY", "ExchangeClient", "client_from", "this_node"]
+
+
+def this_node() -> str:
+    """This node, as the exchange tells nodes apart (host name and GPU claim directory)."""
+    # lazily: serving loads only when a worker starts a server (pytest start-up)
+    import socket
+
+    from pytest_modelbench.serving.gpus import default_lock_dir
+
+    return f"{socket.gethostname()}:{default_lock_dir()}"
 
 
 def client_from(
@@ -87,7 +97,7 @@ class ExchangeClient:
         self.local = local
         self.nodes = nodes  # the session's nodes: with one, nobody serves another's item
         self.failure: str | None = None
-        self.listener: Callable[[Message], None] = lambda _event: None
+        self._listeners: list[Callable[[Message], None]] = []
         self._failures = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,6 +112,11 @@ class ExchangeClient:
             self.context = tls.client_context() if tls is not None else None
         except OSError as exc:  # ssl.SSLError is one
             self.failure = f"the session's TLS material could not be loaded ({exc})"
+
+    def listen(self, listener: Callable[[Message], None]) -> None:
+        """Give every event the exchange pushes to ``listener`` too (called in the channel's
+        thread: it must not block)."""
+        self._listeners.append(listener)
 
     def call(self, message: Message) -> Message | None:
         """The exchange's reply to ``message``; None when it cannot be had."""
@@ -206,10 +221,11 @@ class ExchangeClient:
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
             elif not ref:
-                try:
-                    self.listener(message)
-                except Exception:  # a listener's bug must not close the channel
-                    continue
+                for listener in list(self._listeners):
+                    try:
+                        listener(message)
+                    except Exception:  # a listener's bug must not close the channel
+                        continue
         if self._loop is not None and self.failure is None:  # not closed by this worker
             self.failure = f"the session's exchange at {self.url} closed the connection"
         for waiter in self._pending.values():

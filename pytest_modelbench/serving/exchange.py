@@ -57,11 +57,19 @@ from pytest_modelbench.serving.messages import (
     Message,
     NoWork,
     Offer,
+    Publish,
     Release,
     SessionGpus,
+    SharedWith,
+    ShareLost,
+    SharersGone,
+    ShareServer,
+    Unshare,
     Wake,
     WantAnswer,
     WantServers,
+    Withdraw,
+    Withdrawn,
     Work,
     decode,
     encode,
@@ -123,6 +131,18 @@ class _Lease:
 
 
 @dataclass
+class _Served:
+    """An owner's running server, open to the GPU-less workers of its node."""
+
+    owner: str
+    key: str
+    node: str
+    url: str
+    sharers: dict[str, str] = field(default_factory=dict)  # share -> the worker sharing it
+    withdrawn: bool = False
+
+
+@dataclass
 class ExchangeBook:
     """The exchange's state and rules, without the transport: each change returns the
     events it pushes, as (worker, event)."""
@@ -135,6 +155,7 @@ class ExchangeBook:
     waiting: set[str] = field(default_factory=set)  # helpers told to wait, not yet woken
     given: dict[str, set[str]] = field(default_factory=dict)  # node -> GPUs given back there
     nodes: int = 2  # the session's nodes: with one, helpers never wait for work
+    served: dict[str, _Served] = field(default_factory=dict)  # owner -> its shared server
     rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -252,11 +273,67 @@ class ExchangeBook:
             lease.ready = True
             return [(lease.keeper, LeaseReady(lease.id, url))]
 
+    # -- sharing a running server with the GPU-less workers of its node ------------------------
+    def publish(self, owner: str, publish: Publish) -> None:
+        with self._lock:
+            self.served[owner] = _Served(owner, publish.key, publish.node, publish.url)
+
+    def withdraw(self, owner: str, withdraw: Withdraw) -> Withdrawn:
+        """Nobody new shares ``owner``'s server; how many still send to it."""
+        with self._lock:
+            served = self.served.get(owner)
+            if served is None or served.key != withdraw.key:
+                return Withdrawn(0)
+            served.withdrawn = True
+            if not served.sharers:
+                del self.served[owner]
+            return Withdrawn(len(served.sharers))
+
+    def share(self, sharer: str, share: ShareServer) -> SharedWith | NoWork:
+        """A running server of the launch on the sharer's node (the one fewest share), or
+        none."""
+        with self._lock:
+            found = [
+                s
+                for s in self.served.values()
+                if s.key == share.key and s.node == share.node and not s.withdrawn
+            ]
+            found = [s for s in found if s.owner != sharer]
+            if not found:
+                return NoWork()
+            served = min(found, key=lambda s: (len(s.sharers), s.owner))
+            handle = secrets.token_hex(8)
+            served.sharers[handle] = sharer
+            return SharedWith(handle, served.url, served.owner)
+
+    def unshare(self, unshare: Unshare) -> Events:
+        with self._lock:
+            for served in list(self.served.values()):
+                if served.sharers.pop(unshare.share, None) is not None:
+                    return self._let_go(served)
+            return []
+
+    def _let_go(self, served: _Served) -> Events:
+        if served.withdrawn and not served.sharers:
+            del self.served[served.owner]
+            return [(served.owner, SharersGone(served.key))]
+        return []
+
     def gone(self, worker: str) -> Events:
         """``worker``'s connection closed: as a keeper its leases are released, as a helper
-        the servers it served are lost."""
+        the servers it served are lost, as an owner its sharers lose its server, as a sharer
+        it lets go."""
         with self._lock:
             events: Events = []
+            for served in list(self.served.values()):
+                if served.owner == worker:
+                    del self.served[worker]
+                    note = f"its worker {worker} ended"
+                    events += [(w, ShareLost(h, note)) for h, w in served.sharers.items()]
+                    continue
+                for handle in [h for h, w in served.sharers.items() if w == worker]:
+                    del served.sharers[handle]
+                events += self._let_go(served)
             self.helpers.discard(worker)
             self.waiting.discard(worker)
             if self.wants.pop(worker, None) is not None:
@@ -446,6 +523,15 @@ class Exchange:
             live = message.live
             url = _url(connection.peer, live.port, live.tls) if live is not None else None
             return book.serve(message, url)
+        if isinstance(message, Publish):
+            book.publish(connection.worker, message)
+            return Ack(), []
+        if isinstance(message, Withdraw):
+            return book.withdraw(connection.worker, message), []
+        if isinstance(message, ShareServer):
+            return book.share(connection.worker, message), []
+        if isinstance(message, Unshare):
+            return Ack(), book.unshare(message)
         if isinstance(message, SessionGpus):
             return Ack(), book.session_gpus(message)
         if isinstance(message, Offer):

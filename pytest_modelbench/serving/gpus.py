@@ -36,7 +36,7 @@ from typing import Protocol
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.serving.base import ServingError
-from pytest_modelbench.serving.handover import held, lock_exclusive
+from pytest_modelbench.serving.flocks import held, lock_exclusive
 from pytest_modelbench.serving.holders import (
     GpuProcess,
     describe_holders,

@@ -29,11 +29,19 @@ __all__ = [
     "Message",
     "NoWork",
     "Offer",
+    "Publish",
     "Release",
     "SessionGpus",
+    "ShareLost",
+    "ShareServer",
+    "SharedWith",
+    "SharersGone",
+    "Unshare",
     "Wake",
     "WantAnswer",
     "WantServers",
+    "Withdraw",
+    "Withdrawn",
     "Work",
     "decode",
     "encode",
@@ -187,6 +195,78 @@ class LeaseEnded:
 
 
 @dataclass(frozen=True)
+class Publish:
+    """An owner opens its running server of ``key`` at ``url`` to the session's workers of
+    its ``node`` that have no GPU (they share it while their items run)."""
+
+    type: ClassVar[str] = "publish"
+    key: str
+    node: str
+    url: str
+
+
+@dataclass(frozen=True)
+class Withdraw:
+    """The owner withdraws its server of ``key``: nobody new shares it."""
+
+    type: ClassVar[str] = "withdraw"
+    key: str
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """How many workers still send to the withdrawn server (:class:`SharersGone` follows
+    when they have all let go)."""
+
+    type: ClassVar[str] = "withdrawn"
+    sharers: int
+
+
+@dataclass(frozen=True)
+class ShareServer:
+    """A worker without a GPU asks for a running server of ``key`` on its ``node``."""
+
+    type: ClassVar[str] = "share"
+    key: str
+    node: str
+
+
+@dataclass(frozen=True)
+class SharedWith:
+    """The server at ``url`` of worker ``owner``, shared as ``share`` until let go."""
+
+    type: ClassVar[str] = "shared-with"
+    share: str
+    url: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class Unshare:
+    """The sharer lets go of ``share`` (its item ended)."""
+
+    type: ClassVar[str] = "unshare"
+    share: str
+
+
+@dataclass(frozen=True)
+class SharersGone:
+    """Pushed to an owner: every worker sharing its withdrawn server of ``key`` let go."""
+
+    type: ClassVar[str] = "sharers-gone"
+    key: str
+
+
+@dataclass(frozen=True)
+class ShareLost:
+    """Pushed to a sharer: the server of ``share`` is gone (its worker ended)."""
+
+    type: ClassVar[str] = "share-lost"
+    share: str
+    note: str
+
+
+@dataclass(frozen=True)
 class GpusGiven:
     """Pushed to the keepers of a node: workers of the session gave ``gpus`` back there."""
 
@@ -217,6 +297,14 @@ Message: TypeAlias = (
     | LeaseEnded
     | SessionGpus
     | GpusGiven
+    | Publish
+    | Withdraw
+    | Withdrawn
+    | ShareServer
+    | SharedWith
+    | Unshare
+    | SharersGone
+    | ShareLost
     | Wake
 )
 _TYPES: dict[str, type[Any]] = {
@@ -237,6 +325,14 @@ _TYPES: dict[str, type[Any]] = {
         LeaseEnded,
         SessionGpus,
         GpusGiven,
+        Publish,
+        Withdraw,
+        Withdrawn,
+        ShareServer,
+        SharedWith,
+        Unshare,
+        SharersGone,
+        ShareLost,
         Wake,
     )
 }

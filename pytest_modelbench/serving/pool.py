@@ -88,6 +88,7 @@ class ServerPool:
         self.session = session
         self.gpus = GpuClaimer(gpus_option, session)
         self.slot = ServerSlot(run_dir, self.worker, session)
+        self.slot.exchange = exchange
         self.replicas = ReplicaPolicy(
             self.slot,
             self.gpus,
@@ -229,17 +230,17 @@ class ServerPool:
         within the launch's start-up timeout. Says which in one line."""
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import share
+        from pytest_modelbench.serving.channel import this_node
+        from pytest_modelbench.serving.sharing import share
 
         assert self.session is not None
         if launch.model_name in self._waited_out:  # one wait per model: later items fail at once
             raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
-        lock_dir = default_lock_dir()
+        node = this_node()
         deadline = time.monotonic() + launch.timeout_s
         waited = False
         while True:
-            found = share(self.session, launch.key, lock_dir)
+            found = share(self.exchange, launch.key, node) if self.exchange else None
             if found is not None:
                 warnings.warn(
                     SharedServerWarning(

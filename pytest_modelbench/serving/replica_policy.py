@@ -105,7 +105,7 @@ class ReplicaPolicy:
         self._given: set[str] = set()  # GPUs of this node the session gave back (exchange)
         self._given_lock = threading.Lock()
         if exchange is not None:
-            exchange.listener = self._on_event
+            exchange.listen(self._on_event)
             claimer.on_give_back = self._gave_back
 
     # -- while this worker's items run --------------------------------------------------------
@@ -191,11 +191,9 @@ class ReplicaPolicy:
     def node(self) -> str:
         """This node, as the exchange tells nodes apart (host name and GPU claim directory)."""
         # lazily: serving loads only when a worker starts a server (pytest start-up)
-        import socket
+        from pytest_modelbench.serving.channel import this_node
 
-        from pytest_modelbench.serving.gpus import default_lock_dir
-
-        return f"{socket.gethostname()}:{default_lock_dir()}"
+        return this_node()
 
     def _want_remote(self, need: int, lend: bool) -> int:
         """Tell the exchange how many servers of the current launch from other nodes would

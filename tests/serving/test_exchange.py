@@ -209,7 +209,7 @@ class Party:
         assert client is not None
         self.client = client
         self.events: queue.Queue[Message] = queue.Queue()
-        client.listener = self.events.put
+        client.listen(self.events.put)
 
     def next(self, timeout_s: float = 10.0) -> Message:
         return self.events.get(timeout=timeout_s)
