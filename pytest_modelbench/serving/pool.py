@@ -10,8 +10,8 @@ model label; one whose weight file is misnamed is served from a shadow directory
 (``serving/checkpoints.py``).
 
 A worker of a session that finds no free GPU (more workers than GPUs) shares a running server
-of the same launch on its node for the item (``serving/handover.py``: its requests join that
-server's queue), or waits for a GPU to come free, up to the model's start-up timeout.
+of the same launch on its node for the item (``serving/sharing.py``, through the session's
+exchange: its requests join that server's queue), or waits for a GPU to come free, up to the model's start-up timeout.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """A worker's replica policy: which servers help the item it runs, and which items its server
 helps once it has nothing left to run.
 
-While an item runs, GPUs of this node that other workers of the session gave back serve the
-model as replicas when the remaining work pays for their start (``serving/replicas.py``),
-servers that idle workers of this node lend join (``serving/handover.py``), and with an
-exchange (``serving/exchange.py``) so do servers other nodes start for it. At the worker's
-end its server is lent to a worker of this node still running an item of the same model, or
-serves an item of another node; failing that, its GPUs serve one.
+Everything goes through the session's exchange (``serving/exchange.py``), whose events this
+policy receives. While an item runs, GPUs of this node that other workers of the session gave
+back (pushed by the exchange) serve the model as replicas when the remaining work pays for
+their start (``serving/replicas.py``); servers that idle workers lend, and servers other
+nodes start for it, join. At the worker's end its server is lent to a worker still running an
+item of the same launch (of this node first), or its GPUs serve an item of another node;
+failing that, they are given back.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 Items are the unit of parallelism, so near the end of a session the workers that have nothing
 left to start exit while one large item may still have most of its work ahead, and their GPUs
-idle. A worker running an item of a model it serves watches for GPUs of this node that other
-workers of the same pytest session claimed and released (the GPU lock notes name the session,
-see :func:`~.gpus.session_gpus`), and starts a replica of its server on them when the
+idle. A worker running an item of a model it serves is told (by the session's exchange) of
+GPUs of this node that other workers of the same pytest session claimed and gave back, and
+starts a replica of its server on them when the
 remaining work pays for the start (:func:`replicas_that_pay`). A replica joins the item's
 :class:`~pytest_modelbench.running.urls.UrlSet`: requests spread over every server at once,
 and the built-in suites raise their concurrency to ``max_concurrent`` per server.
 
 A worker with nothing left to run whose server already holds that model lends it instead of
-stopping it (``serving/handover.py``): it joins at once, with no start to pay for.
+stopping it (``serving/replica_policy.py``): it joins at once, with no start to pay for.
 
 The worker stays the only journal writer. A replica that dies costs only its requests in
 flight (the endpoint pool retries them on the other servers) and is reported; its GPUs are
