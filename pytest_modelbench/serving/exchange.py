@@ -1,5 +1,6 @@
 """The session's exchange: the one channel through which the workers of an xdist session
-coordinate replicas across nodes, served by the controller.
+coordinate (GPUs given back, servers lent, started for another node, or shared), served by
+the controller in every xdist session whose plan serves a model.
 
 Every worker holds one WebSocket to it (``serving/channel.py``), over TLS from a CA made for
 the session (``serving/tls.py``): both sides show a certificate of that CA, whose material
@@ -22,7 +23,14 @@ events (``serving/messages.py``):
   called from, as the keeper reaches it (a helper on the controller's node calls over
   loopback: the keeper gets the controller's address it called), and serves until the
   keeper releases it (:class:`~.messages.LeaseEnded`);
-* a helper whose own server already holds a running item's launch **lends** it as it is.
+* a helper whose own server already holds a running item's launch **lends** it as it is
+  (to a keeper of its own node first, whatever the engine; to one of another node, a vLLM
+  server);
+* GPUs a worker gives back to the session (:class:`~.messages.SessionGpus`) are pushed to
+  the keepers of its node (:class:`~.messages.GpusGiven`), which start replicas on them;
+* a worker without a GPU **shares** a running server of its node
+  (:class:`~.messages.ShareServer`, ``serving/sharing.py``), whose owner withdraws it and
+  is told when the last sharer let go (:class:`~.messages.SharersGone`).
 
 A worker's end is its connection's close: the kernel closes a dead process's socket, and
 the exchange sees it at once (a node that vanishes without a word: after the WebSocket's
