@@ -1,69 +1,97 @@
-"""Replicas across nodes: the session's exchange, served by the xdist controller.
+"""The session's exchange: the one channel through which the workers of an xdist session
+coordinate (GPUs given back, servers lent, started for another node, or shared), served by
+the controller in every xdist session whose plan serves a model.
 
-Node-local replicas (``replicas.py``, ``handover.py``) use the GPUs and servers of the
-keeper's own node. With several ``--tx`` groups (nodes) the controller also runs this
-exchange, and a worker with nothing left to run on one node can serve the model of an item
-still running on another:
+Every worker holds one WebSocket to it (``serving/channel.py``), over TLS from a CA made for
+the session (``serving/tls.py``): both sides show a certificate of that CA, whose material
+reaches the workers over xdist's channel, and the session's bearer token opens the socket.
+The first message names the worker; its requests get one reply each, and the exchange pushes
+events (``serving/messages.py``):
 
 * the **keeper** (the worker running an item of a served model) says, at every replica step,
   how many servers from other nodes would pay, counting those they are starting for it
-  (``want``); the answer carries the servers that became ready for it, and those that died;
-* a **helper** (a worker at its end, its GPUs still claimed) asks for work (``serve``): one
-  unit of a want from another node whose launch fits its GPUs. It asks again every second
-  while a keeper runs or a worker that may become one has not ended (the controller tells
-  the exchange which workers it set up and which went down), and gives its GPUs back at once
-  when a keeper of its own node wants servers. It starts the launch on its own GPUs,
-  listening on its node's network, requiring the session's server key and serving TLS from
-  the session's CA, and offers it (``offer``); the exchange records the URL (``https``) with
-  the address the helper called from. The
-  helper then reports every second (``lease``) until the keeper releases it;
-* a helper whose own server already holds a running item's launch **lends** it as it is (no
-  start): in a session with an exchange, workers' servers listen on their node's network,
-  require the session's server key and serve TLS from the start;
-* the keeper adopts the server like a lent one and **releases** it when its model is done.
+  (:class:`~.messages.WantServers`); a server that becomes ready for it is pushed
+  (:class:`~.messages.LeaseReady`), and so is one that did not start or was lost
+  (:class:`~.messages.LeaseLost`);
+* a **helper** (a worker at its end, its GPUs still claimed) asks for work
+  (:class:`~.messages.AskWork`): one unit of a want from another node whose launch fits its
+  GPUs. While items may still want servers it waits to be woken (:class:`~.messages.Wake`:
+  a want opened, a worker ended), and gives its GPUs back at once when a keeper of its own
+  node wants servers. It starts the launch on its own GPUs, listening on its node's network,
+  requiring the session's server key and serving TLS from the session's CA, and offers it
+  (:class:`~.messages.Offer`); the exchange records the URL with the address the helper
+  called from, as the keeper reaches it (a helper on the controller's node calls over
+  loopback: the keeper gets the controller's address it called), and serves until the
+  keeper releases it (:class:`~.messages.LeaseEnded`);
+* a helper whose own server already holds a running item's launch **lends** it as it is
+  (to a keeper of its own node first, whatever the engine; to one of another node, a vLLM
+  server);
+* GPUs a worker gives back to the session (:class:`~.messages.SessionGpus`) are pushed to
+  the keepers of its node (:class:`~.messages.GpusGiven`), which start replicas on them;
+* a worker without a GPU **shares** a running server of its node
+  (:class:`~.messages.ShareServer`, ``serving/sharing.py``), whose owner withdraws it and
+  is told when the last sharer let go (:class:`~.messages.SharersGone`).
 
-A keeper that stops calling for ``SILENT_S`` is taken as gone: its leases are released. A
-helper that stops calling for as long is taken as dead, and so is its server (a start may
-take its launch's timeout first). The controller listens on loopback unless a node is
-reached over the network, and always over TLS from a CA made for the session
-(``serving/tls.py``): both sides show a certificate of that CA, whose material reaches the
-workers over xdist's channel, and every call's bearer token travels encrypted. The servers
-that workers reach across nodes require the same certificates (``replica_policy.listen``).
+A worker's end is its connection's close: the kernel closes a dead process's socket, and
+the exchange sees it at once (a node that vanishes without a word: after the WebSocket's
+heartbeat, ``HEARTBEAT_S``). A keeper's leases are then released, a helper's are lost. The
+controller listens on loopback unless a node is reached over the network.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
-import json
+import ipaddress
 import random
 import secrets
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import remember
+from pytest_modelbench.serving.messages import (
+    PATH,
+    Ack,
+    AskWork,
+    GpusGiven,
+    Hello,
+    LeaseEnded,
+    LeaseLost,
+    LeaseReady,
+    Message,
+    NoWork,
+    Offer,
+    Publish,
+    Release,
+    SessionGpus,
+    SharedWith,
+    ShareLost,
+    SharersGone,
+    ShareServer,
+    Unshare,
+    Wake,
+    WantAnswer,
+    WantServers,
+    Withdraw,
+    Withdrawn,
+    Work,
+    decode,
+    encode,
+)
 from pytest_modelbench.serving.tls import SessionTls, session_tls
 
-SILENT_S = 30.0  # a party that has not called for this long is gone
-DEFAULT_START_S = 900.0  # a helper's start that says no timeout may take this long
-FAILURES = 3  # calls in a row that fail before a worker stops calling
-CALL_TIMEOUT_S = 5.0
-WORKERINPUT_KEY = "modelbench_exchange"
-HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
+if TYPE_CHECKING:
+    from aiohttp import web
 
-__all__ = [
-    "WORKERINPUT_KEY",
-    "Exchange",
-    "ExchangeBook",
-    "ExchangeClient",
-    "Job",
-    "client_from",
-    "tx_nodes",
-]
+HEARTBEAT_S = 10.0  # a connection silent this long (a vanished node) is closed
+
+__all__ = ["PATH", "Exchange", "ExchangeBook", "networked_spec", "reachable_url", "tx_nodes"]
+
+Events = list[tuple[str, Message]]  # (worker, event) to push
 
 
 def tx_nodes(specs: Sequence[str]) -> tuple[set[str], bool]:
@@ -90,32 +118,6 @@ def networked_spec(spec: str) -> bool:
     )
 
 
-def client_from(
-    workerinput: Mapping[str, Any] | None, environ: Mapping[str, str]
-) -> ExchangeClient | None:
-    """A worker's client for the exchange its controller runs, or None. The controller's
-    address: ``$MODELBENCH_EXCHANGE_HOST``; on a node reached over the network, where its
-    ssh session came from (``$SSH_CONNECTION``), else the controller's host name; on the
-    controller's own node, loopback (a ``popen`` worker inherits the user's own ssh login)."""
-    given = (workerinput or {}).get(WORKERINPUT_KEY)
-    if not isinstance(given, Mapping):
-        return None
-    remember(str(given["server_key"]))  # redacted wherever a server echoes it
-    host = environ.get(HOST_ENV, "")
-    if not host and given.get("networked"):
-        ssh = environ.get("SSH_CONNECTION", "").split()
-        host = ssh[0] if ssh else str(given.get("host") or "")
-    tls = given.get("tls")
-    return ExchangeClient(
-        host or "127.0.0.1",
-        int(given["port"]),
-        str(given["token"]),
-        str(given["server_key"]),
-        local=bool(given.get("local")),
-        tls=SessionTls.of(tls) if isinstance(tls, Mapping) else None,
-    )
-
-
 @dataclass
 class _Want:
     keeper: str
@@ -123,7 +125,6 @@ class _Want:
     key: str
     launch: dict[str, Any]
     open: int
-    seen: float
     lend: bool = False  # its item has work left: a live server of ``key`` always helps
 
 
@@ -134,212 +135,293 @@ class _Lease:
     key: str
     helper: str
     node: str
-    state: str = "starting"  # starting | ready | taken | released | dead
-    url: str | None = None
-    note: str | None = None
-    helper_seen: float = 0.0
-    start_s: float = 0.0  # a start may take this long without a report (its timeout)
+    ready: bool = False
 
 
-@dataclass(frozen=True)
-class Job:
-    """A unit of work a helper took: start ``launch`` for lease ``id`` (``lent``: its live
-    server already serves it)."""
+@dataclass
+class _Served:
+    """An owner's running server, open to the GPU-less workers of its node."""
 
-    id: str
+    owner: str
     key: str
-    launch: dict[str, Any]
-    lent: bool = False
+    node: str
+    url: str
+    sharers: dict[str, str] = field(default_factory=dict)  # share -> the worker sharing it
+    withdrawn: bool = False
 
 
 @dataclass
 class ExchangeBook:
-    """The exchange's state and rules, without the transport (``now`` is given)."""
+    """The exchange's state and rules, without the transport: each change returns the
+    events it pushes, as (worker, event)."""
 
-    silent_s: float = SILENT_S
     wants: dict[str, _Want] = field(default_factory=dict)  # keeper -> its want
-    leases: dict[str, _Lease] = field(default_factory=dict)
+    leases: dict[str, _Lease] = field(default_factory=dict)  # starting or serving
     workers: set[str] = field(default_factory=set)  # every worker the controller set up
     down: set[str] = field(default_factory=set)  # those that exited
     helpers: set[str] = field(default_factory=set)  # those at their end, asking for work
+    waiting: set[str] = field(default_factory=set)  # helpers told to wait, not yet woken
+    given: dict[str, set[str]] = field(default_factory=dict)  # node -> GPUs given back there
+    nodes: int = 2  # the session's nodes: with one, helpers never wait for work
+    served: dict[str, _Served] = field(default_factory=dict)  # owner -> its shared server
     rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def worker_up(self, worker: str) -> None:
+    def worker_up(self, worker: str) -> Events:
         with self._lock:
             self.workers.add(worker)
             self.down.discard(worker)  # xdist restarted it
             self.helpers.discard(worker)
+            return []
 
-    def worker_down(self, worker: str) -> None:
+    def worker_down(self, worker: str) -> Events:
         with self._lock:
             self.down.add(worker)
+            return self._wake()
 
-    def want(
-        self,
-        keeper: str,
-        node: str,
-        key: str,
-        launch: dict[str, Any],
-        need: int,
-        now: float,
-        lend: bool = False,
-    ) -> dict[str, Any]:
-        """The keeper's call: ``need`` servers of ``key`` from other nodes would pay now,
-        counting those they are starting for it (``lend``: live ones are welcome). Returns
-        the leases starting for it, those ready (now taken by it) and those that died since."""
+    def want(self, want: WantServers) -> tuple[WantAnswer, Events]:
+        """The keeper's step: returns how many leases are starting for it (units already
+        taken are not offered again)."""
         with self._lock:
-            self._expire(now)
+            events: Events = []
             starting = 0
-            ready: list[dict[str, str]] = []
-            dead: list[dict[str, str]] = []
             for lease in list(self.leases.values()):
-                if lease.keeper != keeper:
+                if lease.keeper != want.keeper:
                     continue
-                if lease.key != key:  # the keeper switched model: older leases are done
-                    lease.state = "released"
-                elif lease.state == "starting":
+                if lease.key != want.key:  # the keeper switched model: older leases are done
+                    events += self._end(lease)
+                elif not lease.ready:
                     starting += 1
-                elif lease.state == "ready":
-                    lease.state = "taken"
-                    ready.append({"id": lease.id, "url": lease.url or ""})
-                elif lease.state == "dead" and lease.note is not None:
-                    dead.append({"id": lease.id, "note": lease.note})
-                    lease.note = None  # told once
-            open_ = max(0, need - starting)  # units already taken are not offered again
-            self.wants[keeper] = _Want(keeper, node, key, launch, open_, now, lend)
-            self._forget(now)
-            return {"starting": starting, "ready": ready, "dead": dead}
+            open_ = max(0, want.need - starting)
+            old = self.wants.get(want.keeper)
+            new = _Want(want.keeper, want.node, want.key, dict(want.launch), open_, want.lend)
+            self.wants[want.keeper] = new
+            if old is None or (old.key, old.open, old.lend) != (new.key, new.open, new.lend):
+                events += self._wake()
+            return WantAnswer(starting, tuple(sorted(self.given.get(want.node, ())))), events
 
-    def release(self, keeper: str, lease_id: str | None) -> None:
+    def session_gpus(self, note: SessionGpus) -> Events:
+        """GPUs of a node given back to the session (its keepers are told at once), or
+        taken."""
+        with self._lock:
+            given = self.given.setdefault(note.node, set())
+            if not note.free:
+                given.difference_update(note.gpus)
+                return []
+            given.update(note.gpus)
+            keepers = sorted(w.keeper for w in self.wants.values() if w.node == note.node)
+            return [(keeper, GpusGiven(tuple(note.gpus))) for keeper in keepers]
+
+    def release(self, release: Release) -> Events:
         """The keeper lets one lease (or, with None, every lease and its want) go."""
         with self._lock:
-            if lease_id is None:
-                self.wants.pop(keeper, None)
-            for lease in self.leases.values():
-                mine = lease.keeper == keeper and lease_id in (None, lease.id)
-                if mine and lease.state != "dead":
-                    lease.state = "released"
+            events: Events = []
+            if release.lease is None and self.wants.pop(release.keeper, None) is not None:
+                events += self._wake()
+            for lease in list(self.leases.values()):
+                if lease.keeper == release.keeper and release.lease in (None, lease.id):
+                    events += self._end(lease)
+            return events
 
-    def serve(
-        self,
-        helper: str,
-        node: str,
-        gpus: int,
-        now: float,
-        live: tuple[str, str] | None = None,
-    ) -> Job | str | None:
-        """A helper on ``node`` with ``gpus`` GPUs asks for work: a :class:`Job`; ``"local"``
-        when a keeper of its own node wants servers (it gives its GPUs back there instead);
-        ``"wait"`` while items may still want some (a keeper runs, or a worker that is
-        neither down nor helping); None when none will. ``live``: the (key, URL) of its
-        server, lent as it is to a keeper of another node that runs that launch."""
+    def serve(self, ask: AskWork, live_url: str | None = None) -> tuple[Work | NoWork, Events]:
+        """A helper asks for work: a :class:`Work`; ``local`` when a keeper of its own node
+        wants servers (it gives its GPUs back there instead); ``wait`` while items may still
+        want some (a keeper runs, or a worker that is neither down nor helping). ``live_url``:
+        where its live server (``ask.live``) serves, lent as it is to a keeper of another
+        node that runs that launch."""
         with self._lock:
-            self._expire(now)
-            self.helpers.add(helper)
-            if live is not None:
-                key, url = live
-                takers = [w for w in self.wants.values() if w.lend and w.key == key]
-                takers = [w for w in takers if w.node != node]  # this node's: handover.py
+            self.helpers.add(ask.helper)
+            self.waiting.discard(ask.helper)
+            if ask.live is not None and live_url is not None:
+                live = ask.live
+                takers = [w for w in self.wants.values() if w.lend and w.key == live.key]
+                here = [w for w in takers if w.node == ask.node]  # this node's first
+                takers = here or [w for w in takers if live.remote and w.node != ask.node]
                 if takers:
                     want = self.rng.choice(takers)
-                    lease = _Lease(secrets.token_hex(8), want.keeper, key, helper, node)
-                    lease.state, lease.url, lease.helper_seen = "ready", url, now
+                    lease = _Lease(
+                        secrets.token_hex(8), want.keeper, want.key, ask.helper, ask.node
+                    )
+                    lease.ready = True
                     self.leases[lease.id] = lease
-                    return Job(lease.id, key, dict(want.launch), lent=True)
+                    ready = LeaseReady(lease.id, live_url)
+                    return Work(lease.id, want.key, dict(want.launch), lent=True), [
+                        (want.keeper, ready)
+                    ]
             wanted = [w for w in self.wants.values() if w.open > 0]
-            local = [w for w in wanted if w.node == node]
+            local = [w for w in wanted if w.node == ask.node]
             if local:  # this helper's GPUs go back there: one unit fewer to find
                 local[0].open -= 1
-                return "local"
-            fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == gpus]
+                return NoWork(local=True), []
+            fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == ask.gpus]
             if not fits:
+                if self.nodes < 2:  # nobody else will want this helper's GPUs
+                    return NoWork(), []
                 running = self.workers - self.down - self.helpers
-                return "wait" if self.wants or running else None
+                if self.wants or running:
+                    self.waiting.add(ask.helper)
+                    return NoWork(wait=True), []
+                return NoWork(), []
             want = max(fits, key=lambda w: w.open)
             want.open -= 1
-            lease = _Lease(
-                secrets.token_hex(8),
-                want.keeper,
-                want.key,
-                helper,
-                node,
-                helper_seen=now,
-                start_s=float(want.launch.get("timeout_s", DEFAULT_START_S)),
-            )
+            lease = _Lease(secrets.token_hex(8), want.keeper, want.key, ask.helper, ask.node)
             self.leases[lease.id] = lease
-            return Job(lease.id, want.key, dict(want.launch))
+            return Work(lease.id, want.key, dict(want.launch)), []
 
-    def offer(self, lease_id: str, url: str | None, note: str | None, now: float) -> None:
-        """The helper's server for ``lease_id`` serves at ``url``, or (``note``) did not start
-        or died."""
+    def offer(self, helper: str, offer: Offer, url: str | None) -> Events:
+        """The helper's server for the lease serves at ``url``, or (``offer.note``) did not
+        start or died; a lease released meanwhile ends at once."""
         with self._lock:
-            lease = self.leases.get(lease_id)
+            lease = self.leases.get(offer.lease)
             if lease is None:
-                return
-            lease.helper_seen = now
-            if note is not None:
-                lease.state, lease.note = "dead", note
-            elif lease.state == "starting":
-                lease.state, lease.url = "ready", url
+                return [(helper, LeaseEnded(offer.lease))]
+            if offer.note is not None or url is None:
+                del self.leases[lease.id]
+                return [(lease.keeper, LeaseLost(lease.id, offer.note or "no address"))]
+            lease.ready = True
+            return [(lease.keeper, LeaseReady(lease.id, url))]
 
-    def lease(self, lease_id: str, now: float) -> bool:
-        """The helper's report: True while it should keep serving."""
+    # -- sharing a running server with the GPU-less workers of its node ------------------------
+    def publish(self, owner: str, publish: Publish) -> None:
         with self._lock:
-            self._expire(now)
-            lease = self.leases.get(lease_id)
-            if lease is None:
-                return False
-            lease.helper_seen = now
-            return lease.state in ("starting", "ready", "taken")
+            self.served[owner] = _Served(owner, publish.key, publish.node, publish.url)
 
-    def _expire(self, now: float) -> None:
-        """Keepers silent for ``silent_s`` are gone (their leases released); helpers silent
-        that long are dead."""
-        for keeper in [k for k, w in self.wants.items() if now - w.seen > self.silent_s]:
-            del self.wants[keeper]
-            for lease in self.leases.values():
-                if lease.keeper == keeper and lease.state != "dead":
-                    lease.state = "released"
-        for lease in self.leases.values():
-            limit = self.silent_s + (lease.start_s if lease.state == "starting" else 0.0)
-            if lease.state in ("starting", "ready", "taken") and now - lease.helper_seen > limit:
-                lease.state = "dead"
-                lease.note = f"the worker serving it ({lease.helper} on {lease.node}) went silent"
+    def withdraw(self, owner: str, withdraw: Withdraw) -> Withdrawn:
+        """Nobody new shares ``owner``'s server; how many still send to it."""
+        with self._lock:
+            served = self.served.get(owner)
+            if served is None or served.key != withdraw.key:
+                return Withdrawn(0)
+            served.withdrawn = True
+            if not served.sharers:
+                del self.served[owner]
+            return Withdrawn(len(served.sharers))
 
-    def _forget(self, now: float) -> None:
-        for lease_id in [
-            i
-            for i, lease in self.leases.items()
-            if lease.state == "released" or (lease.state == "dead" and lease.note is None)
-        ]:
-            if now - self.leases[lease_id].helper_seen > self.silent_s:
-                del self.leases[lease_id]
+    def share(self, sharer: str, share: ShareServer) -> SharedWith | NoWork:
+        """A running server of the launch on the sharer's node (the one fewest share), or
+        none."""
+        with self._lock:
+            found = [
+                s
+                for s in self.served.values()
+                if s.key == share.key and s.node == share.node and not s.withdrawn
+            ]
+            found = [s for s in found if s.owner != sharer]
+            if not found:
+                return NoWork()
+            served = min(found, key=lambda s: (len(s.sharers), s.owner))
+            handle = secrets.token_hex(8)
+            served.sharers[handle] = sharer
+            return SharedWith(handle, served.url, served.owner)
+
+    def unshare(self, unshare: Unshare) -> Events:
+        with self._lock:
+            for served in list(self.served.values()):
+                if served.sharers.pop(unshare.share, None) is not None:
+                    return self._let_go(served)
+            return []
+
+    def _let_go(self, served: _Served) -> Events:
+        if served.withdrawn and not served.sharers:
+            del self.served[served.owner]
+            return [(served.owner, SharersGone(served.key))]
+        return []
+
+    def gone(self, worker: str) -> Events:
+        """``worker``'s connection closed: as a keeper its leases are released, as a helper
+        the servers it served are lost, as an owner its sharers lose its server, as a sharer
+        it lets go."""
+        with self._lock:
+            events: Events = []
+            for served in list(self.served.values()):
+                if served.owner == worker:
+                    del self.served[worker]
+                    note = f"its worker {worker} ended"
+                    events += [(w, ShareLost(h, note)) for h, w in served.sharers.items()]
+                    continue
+                for handle in [h for h, w in served.sharers.items() if w == worker]:
+                    del served.sharers[handle]
+                events += self._let_go(served)
+            self.helpers.discard(worker)
+            self.waiting.discard(worker)
+            if self.wants.pop(worker, None) is not None:
+                events += self._wake()
+            for lease in list(self.leases.values()):
+                if lease.keeper == worker:
+                    events += self._end(lease)
+                elif lease.helper == worker:
+                    del self.leases[lease.id]
+                    note = f"the worker serving it ({worker} on {lease.node}) disconnected"
+                    events.append((lease.keeper, LeaseLost(lease.id, note)))
+            return events
+
+    def _end(self, lease: _Lease) -> Events:
+        del self.leases[lease.id]
+        return [(lease.helper, LeaseEnded(lease.id))]
+
+    def _wake(self) -> Events:
+        woken, self.waiting = self.waiting, set()
+        return [(helper, Wake()) for helper in sorted(woken)]
+
+
+def reachable_url(url: str, keeper_peer: str, keeper_local: str) -> str:
+    """``url`` as the keeper reaches it: a helper on the controller's node called over
+    loopback, which the keeper (on another node) reaches at the controller's address it
+    called (``keeper_local``)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if not (_loopback(host) and keeper_local and not _loopback(keeper_peer)):
+        return url
+    shown = f"[{keeper_local}]" if ":" in keeper_local else keeper_local
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{shown}:{parts.port}"))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return host == "localhost"
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
+def _url(host: str, port: int, tls: bool) -> str:
+    """A server's base URL at the address its worker called the exchange from (``tls``: it
+    serves TLS from the session's CA)."""
+    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+@dataclass(eq=False)
+class _Connection:
+    worker: str
+    socket: web.WebSocketResponse
+    peer: str  # the worker's address, as the controller sees it
+    local: str  # the controller's address the worker called
 
 
 class Exchange:
-    """The controller's exchange: an ``aiohttp`` server in a daemon thread."""
+    """The controller's exchange: an ``aiohttp`` WebSocket server in a daemon thread."""
 
-    def __init__(
-        self, host: str | None = "127.0.0.1", clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        """``host`` None listens on every interface (IPv4 and IPv6)."""
+    def __init__(self, host: str | None = "127.0.0.1", nodes: int = 2) -> None:
+        """``host`` None listens on every interface (IPv4 and IPv6); ``nodes``: how many the
+        session's workers run on (with one, nobody serves another node's item)."""
+        self.nodes = nodes
         self.token = secrets.token_hex(16)
         self.server_key = secrets.token_hex(16)  # what helpers' servers require
         remember(self.server_key)
-        self.book = ExchangeBook()
+        self.book = ExchangeBook(nodes=nodes)
         self.host = host
         self.port = 0
-        self._clock = clock
+        self.connections: dict[str, _Connection] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._runner: Any = None
+        self._runner: web.AppRunner | None = None
         self._tls: tuple[SessionTls, SessionTls] | None = None  # (exchange's, workers')
 
     def start(self) -> None:
         """Make the session's CA and serve; OSError (:class:`TlsUnavailable` among them) when
         it cannot."""
-        # lazily: only multi-node sessions serve the exchange
+        # lazily: only sessions that may lend servers serve the exchange
         from pytest_modelbench.running.router import start_loop
 
         self._tls = session_tls()
@@ -356,16 +438,29 @@ class Exchange:
             "networked": networked,
             "local": self.host is not None,  # every node is this one: servers stay on loopback
             "port": self.port,
+            "nodes": self.nodes,
             "token": self.token,
             "server_key": self.server_key,
             "tls": self._tls[1].fields() if self._tls is not None else None,
         }
 
+    def worker_up(self, worker: str) -> None:
+        self._push_soon(self.book.worker_up(worker))
+
+    def worker_down(self, worker: str) -> None:
+        """The controller saw ``worker`` exit: helpers waiting for it are woken."""
+        self._push_soon(self.book.worker_down(worker))
+
+    def _push_soon(self, events: Events) -> None:
+        if events and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._push(events), self._loop)
+
     async def _serve(self) -> None:
         from aiohttp import web
 
-        server = web.Server(self._handle, access_log=None)
-        runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
+        app = web.Application()
+        app.router.add_get(PATH, self._accept)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         assert self._tls is not None
         tls = self._tls[0].server_context()
@@ -384,57 +479,88 @@ class Exchange:
         self._runner = runner
         self.port = int(runner.addresses[0][1])
 
-    async def _handle(self, request: Any) -> Any:
-        from aiohttp import web
+    async def _accept(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import WSMsgType, web
 
         given = request.headers.get("Authorization", "")
-        if request.method != "POST" or not hmac.compare_digest(given, f"Bearer {self.token}"):
+        if not hmac.compare_digest(given, f"Bearer {self.token}"):
             return web.Response(status=403)
+        socket = web.WebSocketResponse(heartbeat=HEARTBEAT_S)
+        await socket.prepare(request)
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        connection: _Connection | None = None
         try:
-            body = await request.json()
-            answer = self._call(request.path.strip("/"), body, request.remote or "")
-        except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response(answer)
+            async for frame in socket:
+                if frame.type != WSMsgType.TEXT:
+                    continue
+                try:
+                    ref, message = decode(frame.data)
+                except ValueError as exc:
+                    await socket.send_str(encode(Ack(error=str(exc)), 0))
+                    continue
+                if connection is None:
+                    if not isinstance(message, Hello):
+                        await socket.send_str(encode(Ack(error="hello first"), ref))
+                        continue
+                    connection = _Connection(
+                        message.worker,
+                        socket,
+                        request.remote or "",
+                        str(sockname[0]) if sockname else "",
+                    )
+                    self.connections[message.worker] = connection
+                    await socket.send_str(encode(Ack(), ref))
+                    continue
+                reply, events = self._handle(connection, message)
+                await socket.send_str(encode(reply, ref))
+                await self._push(events)
+        finally:
+            if connection is not None:
+                if self.connections.get(connection.worker) is connection:
+                    del self.connections[connection.worker]
+                await self._push(self.book.gone(connection.worker))
+        return socket
 
-    def _call(self, name: str, body: dict[str, Any], remote: str) -> Any:
-        now, book = self._clock(), self.book
-        if name == "want":
-            return book.want(
-                str(body["keeper"]),
-                str(body["node"]),
-                str(body["key"]),
-                dict(body["launch"]),
-                int(body["need"]),
-                now,
-                lend=bool(body.get("lend")),
-            )
-        if name == "release":
-            book.release(str(body["keeper"]), body.get("id"))
-            return {}
-        if name == "serve":
-            live = body.get("live")  # [key, port, tls] of the helper's running server
-            job = book.serve(
-                str(body["helper"]),
-                str(body["node"]),
-                int(body["gpus"]),
-                now,
-                live=(str(live[0]), _url(remote, int(live[1]), bool(live[2]))) if live else None,
-            )
-            if isinstance(job, Job):
-                return {"id": job.id, "key": job.key, "launch": job.launch, "lent": job.lent}
-            return {"local": job == "local", "wait": job == "wait"}
-        if name == "offer":
-            port = body.get("port")
-            url = _url(remote, int(port), bool(body.get("tls"))) if port is not None else None
-            book.offer(str(body["id"]), url, body.get("note"), now)
-            return {}
-        if name == "lease":
-            return {"serve": book.lease(str(body["id"]), now)}
-        raise KeyError(f"no call {name!r}")
+    def _handle(self, connection: _Connection, message: Message) -> tuple[Message, Events]:
+        book = self.book
+        if isinstance(message, WantServers):
+            return book.want(message)
+        if isinstance(message, Release):
+            return Ack(), book.release(message)
+        if isinstance(message, AskWork):
+            live = message.live
+            url = _url(connection.peer, live.port, live.tls) if live is not None else None
+            return book.serve(message, url)
+        if isinstance(message, Publish):
+            book.publish(connection.worker, message)
+            return Ack(), []
+        if isinstance(message, Withdraw):
+            return book.withdraw(connection.worker, message), []
+        if isinstance(message, ShareServer):
+            return book.share(connection.worker, message), []
+        if isinstance(message, Unshare):
+            return Ack(), book.unshare(message)
+        if isinstance(message, SessionGpus):
+            return Ack(), book.session_gpus(message)
+        if isinstance(message, Offer):
+            port = message.port
+            url = _url(connection.peer, port, message.tls) if port is not None else None
+            return Ack(), book.offer(connection.worker, message, url)
+        return Ack(error=f"no request {message.type!r}"), []
+
+    async def _push(self, events: Events) -> None:
+        for worker, event in events:
+            connection = self.connections.get(worker)
+            if connection is None:
+                continue
+            if isinstance(event, LeaseReady):
+                url = reachable_url(event.url, connection.peer, connection.local)
+                event = LeaseReady(event.lease, url)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await connection.socket.send_str(encode(event))
 
     def close(self) -> None:
-        # lazily: only multi-node sessions serve the exchange
+        # lazily: only sessions that may lend servers serve the exchange
         from pytest_modelbench.running.router import stop_loop
 
         loop, thread = self._loop, self._thread
@@ -443,71 +569,8 @@ class Exchange:
             stop_loop(loop, thread, self._shutdown)
 
     async def _shutdown(self) -> None:
+        for connection in list(self.connections.values()):
+            with contextlib.suppress(Exception):
+                await connection.socket.close()
         if self._runner is not None:
             await self._runner.cleanup()
-
-
-def _url(host: str, port: int, tls: bool) -> str:
-    """A server's base URL at the address its worker called the exchange from (``tls``: it
-    serves TLS from the session's CA)."""
-    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}/v1"
-
-
-class ExchangeClient:
-    """A worker's calls to the exchange; a call that fails returns None (replicas only help).
-    After ``FAILURES`` in a row every later one does too, without calling: the failure is kept
-    in :attr:`failure` for the worker to report (an exchange that cannot be reached would
-    otherwise cost a timeout per step)."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        token: str,
-        server_key: str,
-        *,
-        local: bool = False,
-        tls: SessionTls | None = None,
-    ) -> None:
-        """``local``: every node of the session is this one (servers stay on loopback).
-        ``tls``: the workers' material from the session's CA (calls go over https)."""
-        scheme = "https" if tls is not None else "http"
-        self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-        self.tls = tls
-        self._token = token
-        self.server_key = server_key
-        self.local = local
-        self.failure: str | None = None
-        self._failures = 0
-        self.context = None  # calls, and servers of other nodes
-        try:  # a full or read-only temp dir turns replicas across nodes off, never the items
-            self.context = tls.client_context() if tls is not None else None
-        except OSError as exc:  # ssl.SSLError is one
-            self.failure = f"the session's TLS material could not be loaded ({exc})"
-
-    def call(self, name: str, **body: Any) -> dict[str, Any] | None:
-        if self.failure is not None:  # unreachable once: replicas across nodes are off
-            return None
-        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
-        try:  # direct, even when the user has HTTP(S)_PROXY set
-            reply = blocking.request(
-                f"{self.url}/{name}",
-                method="POST",
-                headers=headers,
-                data=json.dumps(body).encode(),
-                timeout_s=CALL_TIMEOUT_S,
-                context=self.context,
-            )
-            if reply.status >= 400:
-                raise OSError(f"HTTP Error {reply.status}: {reply.reason}")
-            answer = json.loads(reply.body)
-        except (OSError, ValueError) as exc:
-            self._failures += 1
-            if self._failures >= FAILURES:
-                self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
-            return None
-        self._failures = 0
-        return answer if isinstance(answer, dict) else None
-
-    def __repr__(self) -> str:
-        return f"ExchangeClient({self.url})"

@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +36,7 @@ from typing import Protocol
 from pytest_modelbench.config.gpulist import GPU_ID, GpuSpecError, parse_gpu_list
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.serving.base import ServingError
-from pytest_modelbench.serving.handover import held, lock_exclusive
+from pytest_modelbench.serving.flocks import held, lock_exclusive
 from pytest_modelbench.serving.holders import (
     GpuProcess,
     describe_holders,
@@ -831,6 +831,8 @@ class GpuClaimer:
         self.session = session
         self.held: GpuClaim | None = None
         self._tp_warned: set[str] = set()
+        # told the GPUs this worker gives back to its session (the session's exchange)
+        self.on_give_back: Callable[[tuple[str, ...]], None] = lambda _gpus: None
 
     @property
     def cpu(self) -> bool:
@@ -883,10 +885,13 @@ class GpuClaimer:
         self.held = self._claim(n, warn_busy=False)
         return tuple(self.held.gpus)
 
-    def spare(self, n: int) -> GpuClaim | None:
-        """A claim of ``n`` GPUs this session gave back (for a replica), or None."""
+    def spare(self, n: int, among: Collection[str] | None = None) -> GpuClaim | None:
+        """A claim of ``n`` GPUs this session gave back (for a replica; ``among``: of those
+        only), or None."""
         assert self.session is not None
         given_back = session_gpus(self.session)
+        if among is not None:
+            given_back = tuple(gpu for gpu in given_back if gpu in among)
         if len(given_back) < n:
             return None
         try:
@@ -908,6 +913,8 @@ class GpuClaimer:
             return
         if self.session is not None:
             held.give_back(self.session)
+            if held.gpus and not held.cpu:
+                self.on_give_back(tuple(held.gpus))
         else:
             held.release()
 

@@ -10,8 +10,8 @@ model label; one whose weight file is misnamed is served from a shadow directory
 (``serving/checkpoints.py``).
 
 A worker of a session that finds no free GPU (more workers than GPUs) shares a running server
-of the same launch on its node for the item (``serving/handover.py``: its requests join that
-server's queue), or waits for a GPU to come free, up to the model's start-up timeout.
+of the same launch on its node for the item (``serving/sharing.py``, through the session's
+exchange: its requests join that server's queue), or waits for a GPU to come free, up to the model's start-up timeout.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
-    from pytest_modelbench.serving.exchange import ExchangeClient
+    from pytest_modelbench.serving.channel import ExchangeClient
     from pytest_modelbench.serving.replicas import Progress
 
 __all__ = [
@@ -88,6 +88,7 @@ class ServerPool:
         self.session = session
         self.gpus = GpuClaimer(gpus_option, session)
         self.slot = ServerSlot(run_dir, self.worker, session)
+        self.slot.exchange = exchange
         self.replicas = ReplicaPolicy(
             self.slot,
             self.gpus,
@@ -229,17 +230,17 @@ class ServerPool:
         within the launch's start-up timeout. Says which in one line."""
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import share
+        from pytest_modelbench.serving.channel import this_node
+        from pytest_modelbench.serving.sharing import share
 
         assert self.session is not None
         if launch.model_name in self._waited_out:  # one wait per model: later items fail at once
             raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
-        lock_dir = default_lock_dir()
+        node = this_node()
         deadline = time.monotonic() + launch.timeout_s
         waited = False
         while True:
-            found = share(self.session, launch.key, lock_dir)
+            found = share(self.exchange, launch.key, node) if self.exchange else None
             if found is not None:
                 warnings.warn(
                     SharedServerWarning(
@@ -325,10 +326,13 @@ class ServerPool:
         try:
             self.replicas.stop()
             if lend:
-                self.replicas.lend()
-                self.replicas.serve_other_nodes(self.stop)
+                self.replicas.help_others(self.stop)
         finally:
             try:
                 self.stop(wait_sharers=lend)
             finally:  # a second Ctrl-C during the stop still gives the GPUs back
-                self.gpus.close()
+                try:
+                    self.gpus.close()
+                finally:  # the exchange takes the closed connection as this worker's end
+                    if self.exchange is not None:
+                        self.exchange.close()

@@ -1,40 +1,57 @@
 """A worker's replica policy: which servers help the item it runs, and which items its server
 helps once it has nothing left to run.
 
-While an item runs, GPUs of this node that other workers of the session gave back serve the
-model as replicas when the remaining work pays for their start (``serving/replicas.py``),
-servers that idle workers of this node lend join (``serving/handover.py``), and with an
-exchange (``serving/exchange.py``) so do servers other nodes start for it. At the worker's
-end its server is lent to a worker of this node still running an item of the same model, or
-serves an item of another node; failing that, its GPUs serve one.
+Everything goes through the session's exchange (``serving/exchange.py``), whose events this
+policy receives. While an item runs, GPUs of this node that other workers of the session gave
+back (pushed by the exchange) serve the model as replicas when the remaining work pays for
+their start (``serving/replicas.py``); servers that idle workers lend, and servers other
+nodes start for it, join. At the worker's end its server is lent to a worker still running an
+item of the same launch (of this node first), or its GPUs serve an item of another node;
+failing that, they are given back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 import threading
-import time
+import urllib.parse
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.names import safe_component
+from pytest_modelbench.serving.messages import (
+    AskWork,
+    GpusGiven,
+    LeaseEnded,
+    LeaseLost,
+    LeaseReady,
+    LiveServer,
+    Message,
+    NoWork,
+    Offer,
+    Release,
+    SessionGpus,
+    Wake,
+    WantAnswer,
+    WantServers,
+    Work,
+)
 from pytest_modelbench.serving.slot import Launch, build_server
 
 if TYPE_CHECKING:
     from pytest_modelbench.planning.item import PlannedItem
     from pytest_modelbench.running.urls import UrlSet
-    from pytest_modelbench.serving.exchange import ExchangeClient
+    from pytest_modelbench.serving.channel import ExchangeClient
     from pytest_modelbench.serving.gpus import GpuClaimer
-    from pytest_modelbench.serving.handover import Wanted
     from pytest_modelbench.serving.replicas import Claim, Progress, ReplicaSet, Server
     from pytest_modelbench.serving.slot import ServerSlot
 
 __all__ = ["REMOTE_POLL_S", "RemoteServer", "ReplicaPolicy", "ReplicaWarning"]
 
-REMOTE_POLL_S = 1.0  # a worker serving another node's item reports this often
+REMOTE_POLL_S = 1.0  # a worker serving another node's item checks its server this often
+WAKE_LIMIT_S = 30.0  # a helper told to wait asks again at least this often (unwoken)
 
 
 class ReplicaWarning(UserWarning):
@@ -74,7 +91,6 @@ class ReplicaPolicy:
         self.remote_dead: dict[str, str] = {}  # their lease -> why it ended
         self._exchange_reported = False
         self._replicas: ReplicaSet | None = None
-        self._wanted: Wanted | None = None  # "more servers of my model welcome" (replicas)
         self.served_items: set[str] = set()  # items the slot's current server serves
         self._planned: dict[str, PlannedItem] = {}  # items this worker served
         self._estimates: dict[str, float | None] = {}  # their work, seconds on one server
@@ -84,6 +100,14 @@ class ReplicaPolicy:
         self._remote_closed = False  # replicas stopped: no more wants until the next set
         self.starting: str | None = None  # the item whose server is starting
         self._want_lock = threading.Lock()
+        self._pushed = threading.Condition()  # events of the exchange: leases ended, wakes
+        self._ended: set[str] = set()  # leases this worker served that their keeper released
+        self._woken = False
+        self._given: set[str] = set()  # GPUs of this node the session gave back (exchange)
+        self._given_lock = threading.Lock()
+        if exchange is not None:
+            exchange.listen(self._on_event)
+            claimer.on_give_back = self._gave_back
 
     # -- while this worker's items run --------------------------------------------------------
     def plan(self, item: PlannedItem) -> None:
@@ -111,17 +135,15 @@ class ReplicaPolicy:
             or self._progress is None
             or self.claimer.held is None
             or self.claimer.cpu
+            or self.exchange is None
         ):
-            return  # no session to share GPUs with, or serving on the CPU
+            return  # no session (or exchange) to share GPUs with, or serving on the CPU
         launch = self.slot.launch
         assert launch is not None
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.running.urls import UrlSet
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import take
         from pytest_modelbench.serving.replicas import START_GUESS_S, ReplicaSet
 
-        session, key, lock_dir = self.session, launch.key, default_lock_dir()
         with self._remote_lock:
             self._remote_closed = False
         self._replicas = ReplicaSet(
@@ -131,8 +153,8 @@ class ReplicaPolicy:
             claim=self._claim_replica,
             progress=self._served_progress,
             start_s=self.slot.start_s if urls is not None else START_GUESS_S,
-            borrow=lambda: take(session, key, lock_dir) or self._take_remote(),
-            give_back=lambda found: found.give_back(session),  # type: ignore[attr-defined]
+            borrow=self._take_remote,
+            give_back=self._give_back,
             estimate=self._estimate_of,
             primary_ready=urls is not None,
             want_more=self._want_remote,
@@ -170,11 +192,9 @@ class ReplicaPolicy:
     def node(self) -> str:
         """This node, as the exchange tells nodes apart (host name and GPU claim directory)."""
         # lazily: serving loads only when a worker starts a server (pytest start-up)
-        import socket
+        from pytest_modelbench.serving.channel import this_node
 
-        from pytest_modelbench.serving.gpus import default_lock_dir
-
-        return f"{socket.gethostname()}:{default_lock_dir()}"
+        return this_node()
 
     def _want_remote(self, need: int, lend: bool) -> int:
         """Tell the exchange how many servers of the current launch from other nodes would
@@ -182,27 +202,43 @@ class ReplicaPolicy:
         (``lend``: the item has work left); collect the servers other nodes made ready and
         the deaths. Returns how many other nodes are starting one for this worker."""
         client, launch = self.exchange, self.slot.launch
-        if client is None or launch is None or launch.engine != "vllm":  # see build_server
+        if client is None or launch is None:
             return 0
+        if launch.engine != "vllm":  # only vLLM's servers listen for other nodes: build_server
+            need, lend = 0, False
         with self._remote_lock:  # never after stop() released everything
             if self._remote_closed:
                 return 0
-            answer = client.call(
-                "want",
-                keeper=self.worker,
-                node=self.node,
-                key=launch.key,
-                launch=launch.fields(),
-                need=need,
-                lend=lend,
-            )
-        if answer is None:
+            want = WantServers(self.worker, self.node, launch.key, launch.fields(), need, lend)
+            answer = client.call(want)
+        if not isinstance(answer, WantAnswer):
             return 0
-        for dead in answer.get("dead", ()):
-            self.remote_dead[str(dead["id"])] = str(dead["note"])
-        for ready in answer.get("ready", ()):
-            self.remote_ready.append(RemoteServer(str(ready["id"]), str(ready["url"]), self))
-        return int(answer.get("starting", 0))
+        with self._given_lock:
+            new = set(answer.given) - self._given
+            self._given.update(new)
+        if new and self._replicas is not None:  # given back before this worker wanted any
+            self._replicas.wake()
+        return answer.starting
+
+    def _on_event(self, event: Message) -> None:
+        """An event the exchange pushed (in its channel's thread)."""
+        if isinstance(event, LeaseReady):
+            self.remote_ready.append(RemoteServer(event.lease, event.url, self))
+        elif isinstance(event, LeaseLost):
+            self.remote_dead[event.lease] = event.note
+        elif isinstance(event, GpusGiven):
+            with self._given_lock:
+                self._given.update(event.gpus)
+            replicas = self._replicas
+            if replicas is not None:
+                replicas.wake()
+        elif isinstance(event, (LeaseEnded, Wake)):
+            with self._pushed:
+                if isinstance(event, LeaseEnded):
+                    self._ended.add(event.lease)
+                else:
+                    self._woken = True
+                self._pushed.notify_all()
 
     def _take_remote(self) -> Server | None:
         return self.remote_ready.pop(0) if self.remote_ready else None
@@ -233,31 +269,39 @@ class ReplicaPolicy:
         run in between); other workers may lend servers of this model just as long."""
         found = self._progress() if self._progress is not None else None
         serving = found is not None and found[0] in self.served_items
-        self._want(serving)
         return found if serving else None
 
-    def _want(self, wanted: bool) -> None:
-        """Say (or stop saying) that servers of this model are welcome here (``Wanted``)."""
-        with self._want_lock:
-            if not wanted:
-                if self._wanted is not None:
-                    self._wanted.close()
-                    self._wanted = None
-                return
-            launch = self.slot.launch
-            if self._wanted is not None or self.session is None or launch is None:
-                return
-            # lazily: serving loads only when a worker starts a server (pytest start-up)
-            from pytest_modelbench.serving.gpus import default_lock_dir
-            from pytest_modelbench.serving.handover import Wanted
-
-            with contextlib.suppress(OSError, RuntimeError):  # lending is a bonus only
-                self._wanted = Wanted(self.session, self.worker, launch.key, default_lock_dir())
-
     def _claim_replica(self) -> Claim | None:
-        """Free GPUs of this session for one more server, or None."""
+        """GPUs of this node the session gave back (the exchange says which) for one more
+        server, or None. Their lock notes decide: one that another session claimed since,
+        or a replica took, is no longer given (and the exchange is told)."""
         assert self.session is not None and self.slot.launch is not None
-        return self.claimer.spare(self.slot.launch.gpus)
+        with self._given_lock:
+            candidates = set(self._given)
+        n = self.slot.launch.gpus
+        if len(candidates) < n:
+            return None
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.gpus import session_gpus
+
+        given_back = set(session_gpus(self.session)) & candidates
+        found = self.claimer.spare(n, given_back) if len(given_back) >= n else None
+        taken = (candidates - given_back) | set(found.gpus if found is not None else ())
+        with self._given_lock:
+            self._given -= taken
+        if taken and self.exchange is not None:
+            self.exchange.call(SessionGpus(self.node, tuple(sorted(taken)), free=False))
+        return found
+
+    def _give_back(self, claim: Claim) -> None:
+        """A replica's GPUs go back to the session, and its exchange says so."""
+        assert self.session is not None
+        claim.give_back(self.session)  # type: ignore[attr-defined]
+        self._gave_back(tuple(claim.gpus))
+
+    def _gave_back(self, gpus: tuple[str, ...]) -> None:
+        if self.exchange is not None and gpus:
+            self.exchange.call(SessionGpus(self.node, gpus))
 
     def _launch_replica(
         self, gpus: tuple[str, ...], index: int, launched: Callable[[Server], None]
@@ -298,68 +342,55 @@ class ReplicaPolicy:
             self._replicas = None
             if self.exchange is not None:  # servers of other nodes: no longer wanted
                 with self._remote_lock:  # after any want in flight
-                    self.exchange.call("release", keeper=self.worker, id=None)
+                    self.exchange.call(Release(self.worker))
                 for server in self.remote_ready:
                     server.stop()
                 self.remote_ready.clear()
-        self._want(False)
 
     # -- at this worker's end -----------------------------------------------------------------
-    def lend(self) -> None:
-        """Nothing left to run here: while a worker of the session on this node runs an item
-        of the same model, it uses this server as a replica; stop only after that."""
-        server, launch = self.slot.server, self.slot.launch
-        if self.session is None or launch is None or server is None:
-            return
-        # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import Offer
-
-        pid = getattr(getattr(server, "process", None), "pid", None)
-        offer = Offer(
-            self.session, self.worker, launch.key, server.base_url, pid, default_lock_dir()
-        )
-        with contextlib.suppress(OSError):
-            offer.lend(alive=server.is_alive)
-
-    def serve_other_nodes(self, stop_server: Callable[[], None]) -> None:
-        """Nothing left to run here: while an item on another node wants servers of a launch
-        that fits this worker's GPUs (and none on this node does), serve it on them.
-        ``stop_server`` stops the slot's server (with its replicas and sharers)."""
+    def help_others(self, stop_server: Callable[[], None]) -> None:
+        """Nothing left to run here: lend this worker's server as it is to a worker running an
+        item of its launch (of this node; of another, for a vLLM server), or, while an item on
+        another node wants servers of a launch that fits this worker's GPUs (and none on this
+        node does), serve it on them. ``stop_server`` stops the slot's server (with its
+        replicas and sharers)."""
         client, claim = self.exchange, self.claimer.held
         if client is None or claim is None or claim.cpu or not claim.gpus:
             return
         gpus = tuple(claim.gpus)
         while True:
-            live = self._live()
-            job = client.call(
-                "serve", helper=self.worker, node=self.node, gpus=len(gpus), live=live
-            )
-            if job is None or job.get("local"):
-                return  # nobody will want it, or a keeper of this node does (GPUs go back)
-            if "id" not in job:
-                if not job.get("wait"):
-                    return
-                time.sleep(REMOTE_POLL_S)
+            with self._pushed:
+                self._woken = False
+            job = client.call(AskWork(self.worker, self.node, len(gpus), self._live()))
+            if isinstance(job, NoWork) and job.wait:
+                with self._pushed:  # until a want opens or a worker ends (or the exchange left)
+                    self._pushed.wait_for(
+                        lambda: self._woken or client.failure is not None, WAKE_LIMIT_S
+                    )
                 continue
-            if job.get("lent"):  # this worker's own server, as it is
-                served = self._hold_lease(client, str(job["id"]), self.slot.server)
+            if not isinstance(job, Work):
+                return  # nobody will want it, or a keeper of this node does (GPUs go back)
+            if job.lent:  # this worker's own server, as it is
+                assert self.slot.server is not None
+                served = self._hold_lease(client, job.lease, self.slot.server)
                 stop_server()
                 if not served:
                     return
                 continue
             stop_server()  # its own server holds another launch
-            if not self._serve_lease(client, str(job["id"]), dict(job["launch"]), gpus):
+            if not self._serve_lease(client, job.lease, job.launch, gpus):
                 return
 
-    def _live(self) -> tuple[str, int, bool] | None:
-        """(launch key, port, whether it serves TLS) of this worker's own server while it runs (a vLLM one: the
-        only engine whose servers listen for other nodes)."""
+    def _live(self) -> LiveServer | None:
+        """This worker's own server while it runs (``remote``: a vLLM one, the only engine
+        whose servers listen for other nodes)."""
         server, launch = self.slot.server, self.slot.launch
-        if server is None or launch is None or launch.engine != "vllm" or not server.is_alive():
+        if server is None or launch is None or not server.is_alive():
             return None
-        port = getattr(getattr(server, "process", None), "port", None)
-        return (launch.key, int(port), is_https(server)) if port is not None else None
+        port = urllib.parse.urlsplit(server.base_url).port
+        if port is None:
+            return None
+        return LiveServer(launch.key, port, is_https(server), remote=launch.engine == "vllm")
 
     def _serve_lease(
         self, client: ExchangeClient, lease: str, launch: dict[str, Any], gpus: tuple[str, ...]
@@ -368,7 +399,7 @@ class ReplicaPolicy:
         False when it did not start or died (this worker then stops serving others)."""
         name = safe_component(str(launch["model_name"]))
         try:
-            server: Any = build_server(
+            server = build_server(
                 Launch.of(launch),
                 gpus,
                 self.run_dir / "servers" / f"{self.worker}-{name}-for-another-node.log",
@@ -376,34 +407,37 @@ class ReplicaPolicy:
                 self.listen(),
             )
         except (ValueError, KeyError) as exc:
-            client.call("offer", id=lease, note=f"{self.worker} on {self.node}: {exc}")
+            client.call(Offer(lease, note=f"{self.worker} on {self.node}: {exc}"))
             return False
         try:
             try:
                 server.start(float(launch["timeout_s"]))
             except Exception as exc:
-                client.call("offer", id=lease, note=f"did not start on {self.node}: {exc}")
+                client.call(Offer(lease, note=f"did not start on {self.node}: {exc}"))
                 return False
-            client.call("offer", id=lease, port=server.process.port, tls=is_https(server))
+            port = getattr(getattr(server, "process", None), "port", None)
+            client.call(Offer(lease, port=port, tls=is_https(server)))
             return self._hold_lease(client, lease, server)
         finally:
             server.stop()
 
-    def _hold_lease(self, client: ExchangeClient, lease: str, server: Any) -> bool:
-        """Report every ``REMOTE_POLL_S`` while the lease holds; True once released, False
+    def _hold_lease(self, client: ExchangeClient, lease: str, server: Server) -> bool:
+        """Serve until the keeper releases ``lease`` (pushed) or leaves; True then, False
         (reported) when ``server`` died."""
         while True:
-            time.sleep(REMOTE_POLL_S)
+            with self._pushed:
+                if self._pushed.wait_for(
+                    lambda: lease in self._ended or client.failure is not None, REMOTE_POLL_S
+                ):
+                    self._ended.discard(lease)
+                    return True
             if not server.is_alive():
                 why = server.death_report() or "its process exited"
-                client.call("offer", id=lease, note=f"on {self.node}: {why}")
+                client.call(Offer(lease, note=f"on {self.node}: {why}"))
                 return False
-            answer = client.call("lease", id=lease)
-            if answer is None or not answer.get("serve"):
-                return True
 
 
-def is_https(server: Any) -> bool:
+def is_https(server: Server) -> bool:
     """Whether ``server`` serves TLS (its URL says so)."""
     return str(server.base_url).startswith("https://")
 
@@ -423,7 +457,7 @@ class RemoteServer:
 
     def stop(self) -> None:
         if self._policy.exchange is not None:
-            self._policy.exchange.call("release", keeper=self.worker, id=self.lease)
+            self._policy.exchange.call(Release(self.worker, self.lease))
 
     @property
     def worker(self) -> str:

@@ -2,15 +2,15 @@
 
 Items are the unit of parallelism, so near the end of a session the workers that have nothing
 left to start exit while one large item may still have most of its work ahead, and their GPUs
-idle. A worker running an item of a model it serves watches for GPUs of this node that other
-workers of the same pytest session claimed and released (the GPU lock notes name the session,
-see :func:`~.gpus.session_gpus`), and starts a replica of its server on them when the
+idle. A worker running an item of a model it serves is told (by the session's exchange) of
+GPUs of this node that other workers of the same pytest session claimed and gave back, and
+starts a replica of its server on them when the
 remaining work pays for the start (:func:`replicas_that_pay`). A replica joins the item's
 :class:`~pytest_modelbench.running.urls.UrlSet`: requests spread over every server at once,
 and the built-in suites raise their concurrency to ``max_concurrent`` per server.
 
 A worker with nothing left to run whose server already holds that model lends it instead of
-stopping it (``serving/handover.py``): it joins at once, with no start to pay for.
+stopping it (``serving/replica_policy.py``): it joins at once, with no start to pay for.
 
 The worker stays the only journal writer. A replica that dies costs only its requests in
 flight (the endpoint pool retries them on the other servers) and is reported; its GPUs are
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from pytest_modelbench.running.urls import UrlSet
 
-POLL_S = 1.0  # how often a worker looks for GPUs its session gave back
+POLL_S = 1.0  # how often a worker measures its item's rate (GPUs given back wake it at once)
 START_GUESS_S = 60.0  # a server start, until this worker has timed its own
 RATE_WINDOW_S = 20.0  # the item's recent rate is measured over this long ...
 MIN_RATE_SPAN_S = 1.0  # ... and over at least this long before anything is decided
@@ -211,6 +211,7 @@ class ReplicaSet:
         self._failed = False  # a replica failed to start: no more starts for this server
         self._serving_seen = 1
         self._stop = threading.Event()
+        self._woken = threading.Event()  # look now (GPUs were given back), not after poll_s
         self._thread: threading.Thread | None = None
         self.started = 0  # replicas that served
         self.replica_seconds: dict[str, float] = {}  # item -> replicas' serving time on it
@@ -228,6 +229,7 @@ class ReplicaSet:
         """Stop looking, stop every replica (starting ones too, all at once) and give their
         GPUs back; a replica still being launched gives its GPUs back when its launch ends."""
         self._stop.set()
+        self._woken.set()
         with self._lock:
             replicas, self._replicas = self._replicas, []
         stoppers = [threading.Thread(target=self._retire, args=(r,), daemon=True) for r in replicas]
@@ -270,8 +272,16 @@ class ReplicaSet:
         return notes
 
     # -- the thread ----------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Look now: the session gave GPUs back (its exchange said so)."""
+        self._woken.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.is_set():
+            self._woken.wait(self.poll_s)
+            self._woken.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._reap()
                 self.step()

@@ -5,21 +5,27 @@ The slot holds either this worker's own server, built from a :class:`Launch` by 
 names (every server a worker starts comes from :func:`build_server`), or another worker's
 running server of the same launch that its item shares (:class:`SharedServer`, when the
 worker found no free GPU). Its own server is published to the session's workers on this node
-that have no GPU (``serving/handover.py``) from its start to its stop.
+that have no GPU (``serving/sharing.py``, through the session's exchange) from its start to
+its stop.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import json
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.errors import EvaluationError
 from pytest_modelbench.serving.base import LaunchSpec, ServerHandle, ServingError
+
+if TYPE_CHECKING:
+    from pytest_modelbench.serving.channel import ExchangeClient
+    from pytest_modelbench.serving.sharing import Published, Shared
 
 __all__ = [
     "MAX_RESTARTS",
@@ -88,9 +94,6 @@ class Launch:
     @property
     def key(self) -> str:
         """Equal for servers that answer alike (engine, weights, name, engine args, GPUs)."""
-        # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.handover import launch_key
-
         fields: dict[str, Any] = {
             "path": self.model_path,
             "served": self.served,
@@ -99,7 +102,9 @@ class Launch:
         }
         if self.engine != "vllm":
             fields.update(engine=self.engine, command=list(self.command), health=self.health)
-        return launch_key(fields)
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[
+            :16
+        ]
 
 
 def build_server(
@@ -131,10 +136,10 @@ def build_server(
 
 
 class SharedServer:
-    """Another worker's running server of the same launch (``handover.Shared``), used by this
+    """Another worker's running server of the same launch (``sharing.Shared``), used by this
     worker's item: stopping it lets go, and its owner stops it."""
 
-    def __init__(self, shared: Any, served_name: str) -> None:
+    def __init__(self, shared: Shared, served_name: str) -> None:
         self._shared = shared
         self.base_url: str = shared.base_url
         self.served_name = served_name
@@ -166,7 +171,8 @@ class ServerSlot:
         self.start_s = 0.0  # how long the current server took to start
         self.starts = 0
         self._restarts: dict[str, int] = {}
-        self._published: Any = None  # handover.Published: this worker's server, shared
+        self._published: Published | None = None  # this worker's server, shared
+        self.exchange: ExchangeClient | None = None  # the session's (sharing goes through it)
 
     @property
     def shared(self) -> bool:
@@ -264,24 +270,21 @@ class ServerSlot:
         """Open this worker's own server to the session's workers on this node that have no
         GPU (they share it while their items run)."""
         server, launch = self.server, self.launch
-        if self.session is None or launch is None or server is None or self.shared:
+        client = self.exchange
+        if client is None or launch is None or server is None or self.shared:
             return
         # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.gpus import default_lock_dir
-        from pytest_modelbench.serving.handover import Published
+        from pytest_modelbench.serving.channel import this_node
+        from pytest_modelbench.serving.sharing import Published
 
-        pid = getattr(getattr(server, "process", None), "pid", None)
-        with contextlib.suppress(OSError):  # sharing is a fallback only
-            self._published = Published(
-                self.session, self.worker, launch.key, server.base_url, pid, default_lock_dir()
-            )
+        self._published = Published(client, launch.key, this_node(), server.base_url)
 
     def unpublish(self, *, wait: bool) -> None:
         """Withdraw this worker's server; with ``wait``, after the items sharing it end."""
         published, self._published = self._published, None
         if published is None:
             return
-        if wait and published.in_use() and self.launch is not None:
+        if published.withdraw() and wait and self.launch is not None:
             warnings.warn(
                 SharedServerWarning(
                     f"{self.launch.model_name}: items of other workers share this worker's "

@@ -50,7 +50,7 @@ class SessionServers:
         if self._server_pool is None:
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.running.progress import PROGRESS_SINK, RecordingProgress
-            from pytest_modelbench.serving.exchange import client_from
+            from pytest_modelbench.serving.channel import client_from
             from pytest_modelbench.serving.pool import ServerPool
             from pytest_modelbench.serving.replicas import item_progress
 
@@ -98,15 +98,15 @@ class SessionServers:
         exchange = self._node_exchange()
         if exchange is not None:
             # lazily: loaded only when this runs, not at every pytest start-up
-            from pytest_modelbench.serving.exchange import WORKERINPUT_KEY
+            from pytest_modelbench.serving.channel import WORKERINPUT_KEY
 
             node.workerinput[WORKERINPUT_KEY] = exchange.workerinput(str(node.gateway.spec))
-            exchange.book.worker_up(node.gateway.id)
+            exchange.worker_up(node.gateway.id)
 
     def node_down(self, node: WorkerController) -> None:
         """A worker exited: helpers stop waiting for it (replicas across nodes)."""
         if self._exchange is not None:
-            self._exchange.book.worker_down(node.gateway.id)
+            self._exchange.worker_down(node.gateway.id)
 
     def close_pool(self, interrupted: bool) -> None:
         """GPUs reserved but no item run: give them back (or serve another node's item)."""
@@ -118,19 +118,17 @@ class SessionServers:
             self._exchange.close()
 
     def _node_exchange(self) -> Exchange | None:
-        """The exchange of a session whose ``--tx`` groups span several nodes (started once),
-        else None."""
+        """The session's exchange (started once, when the first worker is set up) when its
+        plan serves a model: its workers coordinate replicas through it; else None."""
         if not self._exchange_started:
             self._exchange_started = True
-            if os.environ.get(NO_REPLICAS_ENV):
+            if os.environ.get(NO_REPLICAS_ENV) or not self._serves_models():
                 return None
             # lazily: loaded only when this runs, not at every pytest start-up
             from pytest_modelbench.serving.exchange import Exchange, tx_nodes
 
             nodes, networked = tx_nodes(self.config.getvalue("tx") or [])
-            if len(nodes) < 2:
-                return None
-            exchange = Exchange(None if networked else "127.0.0.1")  # None: every interface
+            exchange = Exchange(None if networked else "127.0.0.1", nodes=max(1, len(nodes)))
             try:
                 exchange.start()
             except OSError as exc:
@@ -140,6 +138,14 @@ class SessionServers:
                 return None
             self._exchange = exchange
         return self._exchange
+
+    def _serves_models(self) -> bool:
+        """Whether an item of the plan runs on a server a worker starts (replicas may help)."""
+        try:
+            items = self._plan().items
+        except Exception:  # a bad plan is reported where it is used, not here
+            return False
+        return any(not (item.model.api_base_url or item.model.solutions) for item in items)
 
     def sharing_note(self) -> list[str]:
         """A header line when local xdist workers outnumber the free GPU groups of this node:

@@ -6,25 +6,41 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import socket
 import ssl
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 from pytest_modelbench.running import blocking
-from pytest_modelbench.serving.exchange import (
-    WORKERINPUT_KEY,
-    Exchange,
-    ExchangeBook,
-    ExchangeClient,
-    Job,
-    client_from,
-    tx_nodes,
+from pytest_modelbench.serving.channel import WORKERINPUT_KEY, ExchangeClient, client_from
+from pytest_modelbench.serving.exchange import Exchange, ExchangeBook, reachable_url, tx_nodes
+from pytest_modelbench.serving.messages import (
+    Ack,
+    AskWork,
+    GpusGiven,
+    LeaseEnded,
+    LeaseLost,
+    LeaseReady,
+    LiveServer,
+    Message,
+    NoWork,
+    Offer,
+    Release,
+    SessionGpus,
+    Wake,
+    WantAnswer,
+    WantServers,
+    Work,
+    decode,
+    encode,
 )
 from pytest_modelbench.serving.tls import SessionTls, session_tls
 from pytest_modelbench.testing import read_log
@@ -35,156 +51,316 @@ from tests.serving.test_replicas import BIG, write_project
 LAUNCH = {"model_name": "m1", "model_path": "m1", "served": "m1", "args": {}, "gpus": 1}
 
 
+def ask(helper: str, node: str, gpus: int = 1, live: LiveServer | None = None) -> AskWork:
+    return AskWork(helper, node, gpus, live)
+
+
+def want(need: int, *, key: str = "k", lend: bool = False, keeper: str = "gw0") -> WantServers:
+    return WantServers(keeper, "a", key, LAUNCH, need, lend)
+
+
+def test_messages_are_typed_and_decoded_in_one_place() -> None:
+    message = AskWork("gw1", "b", 2, LiveServer("k", 8001, True))
+    assert decode(encode(message, 7)) == (7, message)
+    assert decode(encode(Wake())) == (0, Wake())
+    for frame in ('{"ref": 1, "msg": {"type": "nonsense"}}', '{"ref": 1, "msg": {"type": "offer"}}',
+                  '{"msg": {}}'):  # fmt: skip
+        with pytest.raises(ValueError):
+            decode(frame)
+
+
 def test_a_helper_serves_a_want_of_another_node_once() -> None:
     book = ExchangeBook()
     book.worker_up("gw0")
     book.worker_up("gw1")
-    assert book.serve("gw1", "b", 1, now=0.0) == "wait"  # gw0 may still want servers
-    book.want("gw0", "a", "k", LAUNCH, 1, now=1.0)
-    assert book.serve("gw2", "a", 1, now=1.0) == "local"  # its own node: GPUs go back there,
-    assert book.serve("gw5", "a", 1, now=1.0) == "wait"  # for one unit: not every helper's
-    book.want("gw0", "a", "k", LAUNCH, 1, now=1.0)  # the keeper claimed gw2's GPU
-    assert book.serve("gw3", "c", 2, now=1.0) == "wait"  # a 2-GPU helper does not fit
-    job = book.serve("gw1", "b", 1, now=1.0)
-    assert isinstance(job, Job) and job.key == "k" and job.launch == LAUNCH
-    assert book.serve("gw4", "d", 1, now=1.0) == "wait"  # the one unit is taken
+    assert book.serve(ask("gw1", "b"))[0] == NoWork(wait=True)  # gw0 may still want servers
+    assert book.want(want(1))[1] == [("gw1", Wake())]  # the waiting helper is woken
+    assert book.serve(ask("gw2", "a"))[0] == NoWork(local=True)  # its own node: GPUs go back,
+    assert book.serve(ask("gw5", "a"))[0] == NoWork(wait=True)  # for one unit only
+    assert book.want(want(1))[1] == [("gw5", Wake())]  # the keeper claimed gw2's GPU
+    assert book.want(want(1))[1] == []  # nothing changed: nobody is woken
+    assert book.serve(ask("gw3", "c", 2))[0] == NoWork(wait=True)  # 2 GPUs do not fit
+    job, events = book.serve(ask("gw1", "b"))
+    assert isinstance(job, Work) and job.key == "k" and job.launch == LAUNCH and not events
+    assert book.serve(ask("gw4", "d"))[0] == NoWork(wait=True)  # the one unit is taken
     # the keeper, not yet told, still needs one: the one starting for it
-    assert book.want("gw0", "a", "k", LAUNCH, 1, now=2.0) == {
-        "starting": 1,
-        "ready": [],
-        "dead": [],
-    }
-    assert book.serve("gw4", "d", 1, now=2.0) == "wait"  # not offered twice
-    book.offer(job.id, "http://10.0.0.2:8001/v1", None, now=3.0)
-    answer = book.want("gw0", "a", "k", LAUNCH, 0, now=3.0)
-    assert answer["ready"] == [{"id": job.id, "url": "http://10.0.0.2:8001/v1"}]
-    assert book.want("gw0", "a", "k", LAUNCH, 0, now=3.5)["ready"] == []  # handed out once
-    assert book.lease(job.id, now=4.0) is True
-    book.release("gw0", None)  # the keeper's model is done
-    assert book.lease(job.id, now=5.0) is False  # the helper stops its server
-    book.worker_down("gw0")
-    for helper in ("gw2", "gw3", "gw4", "gw5"):
-        book.worker_down(helper)
-    assert book.serve("gw1", "b", 1, now=6.0) is None  # nobody left who could want one
+    assert book.want(want(1))[0] == WantAnswer(starting=1)
+    assert book.serve(ask("gw4", "d"))[0] == NoWork(wait=True)  # not offered twice
+    url = "http://10.0.0.2:8001/v1"
+    assert book.offer("gw1", Offer(job.lease, 8001), url) == [("gw0", LeaseReady(job.lease, url))]
+    assert book.want(want(0))[0] == WantAnswer(starting=0)
+    released = book.release(Release("gw0"))  # the keeper's model is done: the helper is told
+    assert ("gw1", LeaseEnded(job.lease)) in released
+    assert book.offer("gw1", Offer(job.lease, 8001), url) == [("gw1", LeaseEnded(job.lease))]
+    for worker in ("gw0", "gw2", "gw3", "gw4", "gw5"):
+        book.worker_down(worker)
+    assert book.serve(ask("gw1", "b"))[0] == NoWork()  # nobody left who could want one
 
 
 def test_a_keeper_gets_what_it_needs_however_late_it_hears() -> None:
     """Seven helpers take seven units between two calls of the keeper: its next call (which
     has not heard of them yet) does not offer seven more."""
     book = ExchangeBook()
-    book.want("gw0", "a", "k", LAUNCH, 7, now=0.0)
-    jobs = [book.serve(f"h{i}", "b", 1, now=0.0) for i in range(9)]
-    assert sum(isinstance(j, Job) for j in jobs) == 7
-    assert book.want("gw0", "a", "k", LAUNCH, 7, now=1.0)["starting"] == 7
-    assert not isinstance(book.serve("h9", "b", 1, now=1.0), Job)
-    assert book.want("gw0", "a", "k", LAUNCH, 9, now=2.0)["starting"] == 7
-    assert sum(isinstance(book.serve(f"x{i}", "c", 1, now=2.0), Job) for i in range(5)) == 2
-
-
-def test_a_start_may_take_its_timeout_without_a_report() -> None:
-    book = ExchangeBook(silent_s=30.0)
-    book.want("gw0", "a", "k", {**LAUNCH, "timeout_s": 600}, 1, now=0.0)
-    job = book.serve("gw1", "b", 1, now=0.0)
-    assert isinstance(job, Job)
-    for t in range(1, 300):  # a real vLLM start: minutes, the helper blocked in it
-        assert book.want("gw0", "a", "k", LAUNCH, 1, now=float(t))["dead"] == []
-    book.offer(job.id, "http://b:1/v1", None, now=300.0)
-    assert book.want("gw0", "a", "k", LAUNCH, 0, now=300.0)["ready"]
-    assert book.lease(job.id, now=301.0)
-    dead = []
-    for t in range(302, 340):  # ready: 30 s of silence is death again
-        dead += book.want("gw0", "a", "k", LAUNCH, 0, now=float(t))["dead"]
-    assert len(dead) == 1
+    book.want(want(7))
+    jobs = [book.serve(ask(f"h{i}", "b"))[0] for i in range(9)]
+    assert sum(isinstance(j, Work) for j in jobs) == 7
+    assert book.want(want(7))[0] == WantAnswer(7)
+    assert not isinstance(book.serve(ask("h9", "b"))[0], Work)
+    assert book.want(want(9))[0] == WantAnswer(7)
+    assert sum(isinstance(book.serve(ask(f"x{i}", "c"))[0], Work) for i in range(5)) == 2
 
 
 def test_a_live_server_is_lent_to_another_node_running_its_launch() -> None:
     book = ExchangeBook()
     book.worker_up("gw0")
-    book.want("gw0", "a", "k", LAUNCH, 0, now=0.0, lend=True)
-    mine = book.serve("gw2", "a", 1, now=0.0, live=("k", "http://a:1/v1"))
-    assert mine == "wait"  # its own node's keeper borrows through handover.py
-    other = book.serve("gw3", "b", 1, now=0.0, live=("other-launch", "http://b:2/v1"))
-    assert other == "wait"
-    lent = book.serve("gw1", "b", 1, now=0.0, live=("k", "http://b:1/v1"))
-    assert isinstance(lent, Job) and lent.lent
-    answer = book.want("gw0", "a", "k", LAUNCH, 0, now=1.0, lend=True)
-    assert answer["ready"] == [{"id": lent.id, "url": "http://b:1/v1"}]
-    book.want("gw0", "a", "k", LAUNCH, 0, now=2.0, lend=False)  # its item is done
-    again = book.serve("gw4", "c", 1, now=2.0, live=("k", "http://c:1/v1"))
-    assert again == "wait"
+    book.want(want(0, lend=True))
+    other = book.serve(ask("gw3", "b", live=LiveServer("other", 2, False)), "http://b:2/v1")
+    assert other[0] == NoWork(wait=True)
+    lent, events = book.serve(ask("gw1", "b", live=LiveServer("k", 1, False)), "http://b:1/v1")
+    assert isinstance(lent, Work) and lent.lent
+    assert events == [("gw0", LeaseReady(lent.lease, "http://b:1/v1"))]  # pushed, no start
+    book.want(want(0, lend=False))  # its item is done
+    again = book.serve(ask("gw4", "c", live=LiveServer("k", 1, False)), "http://c:1/v1")
+    assert again[0] == NoWork(wait=True)
 
 
-def test_silent_keepers_release_and_silent_helpers_are_dead() -> None:
-    book = ExchangeBook(silent_s=30.0)
-    for worker in ("gw0", "gw1", "gw2"):
-        book.worker_up(worker)
-    book.want("gw0", "a", "k", LAUNCH, 2, now=0.0)
-    first = book.serve("gw1", "b", 1, now=0.0)
-    second = book.serve("gw2", "c", 1, now=0.0)
-    assert isinstance(first, Job) and isinstance(second, Job)
-    book.offer(first.id, "http://b:1/v1", None, now=1.0)
-    book.offer(second.id, "http://c:1/v1", None, now=1.0)
-    book.want("gw0", "a", "k", LAUNCH, 0, now=1.0)
-    told = []
-    for t in range(2, 40):  # gw1 keeps reporting, gw2 went silent after its offer
-        assert book.lease(first.id, now=float(t))
-        told += [(t, dead) for dead in book.want("gw0", "a", "k", LAUNCH, 0, now=float(t))["dead"]]
-    note = "the worker serving it (gw2 on c) went silent"
-    assert told == [(32, {"id": second.id, "note": note})]  # once, after 30 s of silence
-    assert book.lease(first.id, now=50.0)
-    assert book.lease(first.id, now=75.0) is False  # the keeper has been silent since 40 s
+def test_a_live_server_is_lent_on_its_own_node_first_whatever_its_engine() -> None:
+    """A worker at its end lends its server to a keeper of its node running that launch (any
+    engine: its server is reached on that node), before any of another node; a server other
+    nodes cannot reach (not ``remote``) is lent on its node only; and in a session of one node
+    a helper with nothing to lend never waits."""
+    book = ExchangeBook(nodes=1)
+    book.want(want(0, lend=True))  # gw0 on node a
+    book.want(WantServers("gw7", "b", "k", LAUNCH, 0, lend=True))
+    local = LiveServer("k", 1, False, remote=False)
+    lent, events = book.serve(ask("gw1", "a", live=local), "http://127.0.0.1:1/v1")
+    assert isinstance(lent, Work) and lent.lent
+    assert events == [("gw0", LeaseReady(lent.lease, "http://127.0.0.1:1/v1"))]
+    other_node = book.serve(ask("gw2", "c", live=local), "http://c:1/v1")
+    assert not isinstance(other_node[0], Work)  # gw7 of node b cannot reach it
+    assert book.serve(ask("gw3", "a"))[0] == NoWork()  # one node: nothing to wait for
+
+
+def test_a_closed_connection_releases_a_keeper_and_loses_a_helper() -> None:
+    """No silence is waited for: a start may take its timeout, and a worker's end is its
+    connection's close."""
+    book = ExchangeBook()
+    book.want(want(2))
+    first, _ = book.serve(ask("gw1", "b"))
+    second, _ = book.serve(ask("gw2", "c"))
+    assert isinstance(first, Work) and isinstance(second, Work)
+    book.offer("gw1", Offer(first.lease, 1), "http://b:1/v1")
+    note = "the worker serving it (gw2 on c) disconnected"
+    assert book.gone("gw2") == [("gw0", LeaseLost(second.lease, note))]  # starting, still
+    assert book.want(want(2))[0] == WantAnswer(0)  # its next step asks for it again
+    third, _ = book.serve(ask("gw3", "d"))
+    assert isinstance(third, Work)
+    assert sorted(book.gone("gw0"), key=str) == [
+        ("gw1", LeaseEnded(first.lease)),
+        ("gw3", LeaseEnded(third.lease)),
+    ]
+    assert not book.leases and not book.wants
 
 
 def test_a_failed_start_is_reported_to_its_keeper() -> None:
     book = ExchangeBook()
-    book.want("gw0", "a", "k", LAUNCH, 1, now=0.0)
-    job = book.serve("gw1", "b", 1, now=0.0)
-    assert isinstance(job, Job)
-    book.offer(job.id, None, "did not start on b: CUDA out of memory", now=1.0)
-    answer = book.want("gw0", "a", "k", LAUNCH, 0, now=1.0)
-    assert answer == {
-        "starting": 0,
-        "ready": [],
-        "dead": [{"id": job.id, "note": "did not start on b: CUDA out of memory"}],
-    }
+    book.want(want(1))
+    job, _ = book.serve(ask("gw1", "b"))
+    assert isinstance(job, Work)
+    note = "did not start on b: CUDA out of memory"
+    assert book.offer("gw1", Offer(job.lease, note=note), None) == [
+        ("gw0", LeaseLost(job.lease, note))
+    ]
+    assert book.want(want(0))[0] == WantAnswer(0)
 
 
-def test_the_exchange_answers_only_with_the_session_token() -> None:
+def test_gpus_given_back_are_pushed_to_the_keepers_of_their_node() -> None:
+    """Replicas on GPUs the session gave back: the keepers of that node are told at once
+    (no lock notes are polled), a keeper that starts wanting later hears of them in its
+    answer, and GPUs taken are no longer offered."""
+    book = ExchangeBook()
+    book.want(want(1))  # gw0 on node a
+    book.want(WantServers("gw7", "b", "k", LAUNCH, 1))
+    events = book.session_gpus(SessionGpus("a", ("2", "3")))
+    assert events == [("gw0", GpusGiven(("2", "3")))]  # not gw7: another node's GPUs
+    assert book.want(want(1, keeper="gw9"))[0] == WantAnswer(0, given=("2", "3"))
+    assert book.session_gpus(SessionGpus("a", ("2",), free=False)) == []
+    assert book.want(want(1))[0].given == ("3",)
+
+
+def test_a_helper_on_the_controllers_node_is_reached_at_the_controllers_address() -> None:
+    """A popen helper calls the exchange over loopback: a keeper on another node must get the
+    controller's address it called, not its own loopback."""
+    url = "https://127.0.0.1:8123/v1"
+    assert reachable_url(url, "10.1.2.3", "10.1.2.9") == "https://10.1.2.9:8123/v1"
+    assert reachable_url(url, "::ffff:10.1.2.3", "fd00::9") == "https://[fd00::9]:8123/v1"
+    assert reachable_url(url, "127.0.0.1", "127.0.0.1") == url  # a keeper of that node
+    assert reachable_url("https://10.1.2.4:1/v1", "10.1.2.3", "10.1.2.9").startswith(
+        "https://10.1.2.4:1"
+    )
+
+
+class Party:
+    """A worker's client with the events pushed to it collected."""
+
+    def __init__(self, given: dict[str, object], worker: str, host: str = "") -> None:
+        environ = {"MODELBENCH_EXCHANGE_HOST": host} if host else {}
+        client = client_from({WORKERINPUT_KEY: given, "workerid": worker}, environ)
+        assert client is not None
+        self.client = client
+        self.events: queue.Queue[Message] = queue.Queue()
+        client.listen(self.events.put)
+
+    def next(self, timeout_s: float = 10.0) -> Message:
+        return self.events.get(timeout=timeout_s)
+
+
+def test_the_exchange_answers_only_with_the_session_token_and_pushes_events() -> None:
     exchange = Exchange()
     exchange.start()
     try:
         given = exchange.workerinput("popen")
-        client = client_from({WORKERINPUT_KEY: given}, {})
-        assert client is not None and client.url.startswith("https://127.0.0.1:")
-        exchange.book.worker_up("gw0")
-        assert client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1) == {
-            "starting": 0,
-            "ready": [],
-            "dead": [],
-        }
-        job = client.call("serve", helper="gw1", node="b", gpus=1)
-        assert job is not None and job["launch"] == LAUNCH
-        assert client.call("offer", id=job["id"], port=8123) == {}
-        answer = client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=0)
-        assert answer is not None  # the URL is the address the helper called from
-        assert answer["ready"] == [{"id": job["id"], "url": "http://127.0.0.1:8123/v1"}]
+        keeper, helper = Party(given, "gw0"), Party(given, "gw1")
+        assert keeper.client.url.startswith("https://127.0.0.1:")
+        exchange.worker_up("gw0")
+        assert keeper.client.call(want(1)) == WantAnswer(0)
+        job = helper.client.call(ask("gw1", "b"))
+        assert isinstance(job, Work) and job.launch == LAUNCH
+        helper.client.call(Offer(job.lease, port=8123))
+        # pushed, at the address the helper called from
+        assert keeper.next() == LeaseReady(job.lease, "http://127.0.0.1:8123/v1")
+        keeper.client.call(Release("gw0", job.lease))
+        assert helper.next() == LeaseEnded(job.lease)
 
         wrong_token = ExchangeClient(
             "127.0.0.1", exchange.port, "x", "k" * 16, tls=SessionTls.of(given["tls"])
         )
-        assert wrong_token.call("want") is None  # HTTP 403
+        for _ in range(3):
+            assert wrong_token.call(want(1)) is None  # HTTP 403 on the upgrade
+        assert wrong_token.failure is not None
         refused = blocking.request(
-            f"{client.url}/want",
-            method="POST",
+            f"{keeper.client.url}/exchange",
             headers={"Authorization": "x"},
-            data=b"{}",
             context=SessionTls.of(given["tls"]).client_context(),
         )
         assert refused.status == 403
-        assert client.call("nonsense") is None and client.failure is None  # one is no outage
+        assert keeper.client.call(Ack()) is None and keeper.client.failure is None  # no outage
     finally:
         exchange.close()
-    assert client.call("serve", helper="gw1", node="b", gpus=1) is None  # gone: no answer
+    deadline = time.monotonic() + 10  # the exchange closed the connection: told, not polled
+    while keeper.client.failure is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert keeper.client.failure is not None and "closed" in keeper.client.failure
+    assert keeper.client.call(ask("gw0", "a")) is None  # gone: no answer
+
+
+def _address() -> str | None:
+    """A non-loopback address of this machine, or None."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: the route picks an address
+        address = str(probe.getsockname()[0])
+        return None if address.startswith("127.") else address
+    return None
+
+
+def test_a_server_on_the_controllers_node_is_lent_at_an_address_other_nodes_reach() -> None:
+    """A popen helper on the controller's node calls over loopback; the keeper of another
+    node (here: calling at this machine's network address) gets that address, not
+    127.0.0.1, which it would dial as its own loopback."""
+    address = _address()
+    if address is None:
+        pytest.skip("this machine has no network address")
+    exchange = Exchange(None)  # every interface: a node is reached over the network
+    exchange.start()
+    try:
+        given = exchange.workerinput("popen")
+        keeper, helper = Party(given, "gw0", host=address), Party(given, "gw1")
+        keeper.client.call(want(1))
+        job = helper.client.call(ask("gw1", "b"))
+        assert isinstance(job, Work)
+        helper.client.call(Offer(job.lease, port=8123, tls=True))
+        assert keeper.next() == LeaseReady(job.lease, f"https://{address}:8123/v1")
+    finally:
+        exchange.close()
+
+
+HELPER = """
+import json, sys, time
+from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from
+from pytest_modelbench.serving.messages import AskWork, Offer, Work
+client = client_from({WORKERINPUT_KEY: json.loads(sys.argv[1]), "workerid": "gw1"}, {})
+job = client.call(AskWork("gw1", "b", 1))
+assert isinstance(job, Work), job
+client.call(Offer(job.lease, port=8123))
+print("serving", flush=True)
+time.sleep(600)
+"""
+
+
+KEEPER = """
+import json, sys, time
+from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from
+from pytest_modelbench.serving.messages import WantServers
+client = client_from({WORKERINPUT_KEY: json.loads(sys.argv[1]), "workerid": "gw3"}, {})
+client.call(WantServers("gw3", "a", "k2", {"gpus": 1}, 1))
+print("serving", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_worker_is_noticed_when_its_connection_closes(tmp_path: Path) -> None:
+    """kill -9 of a helper: its keeper is told the server is lost at once (the kernel closes
+    the dead process's socket), not after a silence; kill -9 of a keeper: its helper is told
+    to stop serving."""
+    exchange = Exchange()
+    exchange.start()
+    try:
+        given = exchange.workerinput("popen")
+        keeper = Party(given, "gw0")
+        keeper.client.call(want(1))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        helper = subprocess.Popen(
+            [sys.executable, "-c", HELPER, json.dumps(given)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert helper.stdout is not None and helper.stdout.readline() == "serving\n"
+            ready = keeper.next()
+            assert isinstance(ready, LeaseReady)
+            killed = time.monotonic()
+            helper.kill()
+            lost = keeper.next(timeout_s=15.0)  # half the old 30 s of silence
+            noticed_s = time.monotonic() - killed
+        finally:
+            helper.kill()
+            helper.wait()
+        note = "the worker serving it (gw1 on b) disconnected"
+        assert lost == LeaseLost(ready.lease, note)
+        print(f"helper's death noticed after {noticed_s:.3f} s")
+
+        other = Party(given, "gw2")  # now the keeper dies
+        dying = subprocess.Popen(
+            [sys.executable, "-c", KEEPER, json.dumps(given)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert dying.stdout is not None and dying.stdout.readline() == "serving\n"
+            job = other.client.call(ask("gw2", "c"))
+            assert isinstance(job, Work) and job.key == "k2"
+            other.client.call(Offer(job.lease, port=1))
+            killed = time.monotonic()
+            dying.kill()
+            assert other.next(timeout_s=15.0) == LeaseEnded(job.lease)
+            print(f"keeper's death noticed after {time.monotonic() - killed:.3f} s")
+        finally:
+            dying.kill()
+            dying.wait()
+    finally:
+        exchange.close()
 
 
 def test_tx_groups_are_nodes_and_ssh_tells_where_the_controller_is() -> None:
@@ -323,20 +499,52 @@ def test_an_unreachable_exchange_is_reported_once_and_not_called_again(tmp_path:
     pool = ServerPool(tmp_path, session="s", exchange=client)
     lent = RemoteServer("lease", "http://10.0.0.2:1/v1", pool.replicas)
     for _ in range(2):  # a blip is not the end
-        assert client.call("serve", helper="gw1", node="b", gpus=1) is None
+        assert client.call(ask("gw1", "b")) is None
     assert client.failure is None and lent.is_alive()
-    assert client.call("serve", helper="gw1", node="b", gpus=1) is None
+    assert client.call(ask("gw1", "b")) is None
     assert client.failure is not None and client.failure.startswith(
         f"the session's exchange at {client.url} did not answer"
     )
     assert not lent.is_alive() and lent.death_report() == client.failure  # nobody vouches
     client.url = "http://203.0.113.1:9"  # would time out: no longer called at all
-    assert client.call("want", keeper="gw0") is None
+    assert client.call(want(1)) is None
     with pytest.warns(ReplicaWarning, match="replicas across nodes are off: .*EXCHANGE_HOST"):
         pool.report_replicas()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pool.report_replicas()  # once
+
+
+REPORT_EXCHANGE = """
+import sys
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):  # the controller
+        started = "pytest_modelbench.serving.exchange" in sys.modules
+        with open("exchange-started", "w") as out:
+            out.write(str(started))
+"""
+
+
+def test_the_exchange_runs_only_in_xdist_sessions_that_serve_models(
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node, two workers, a served model: the workers coordinate through the exchange;
+    an xdist session with nothing to serve never starts (nor imports) it."""
+    root = pytester.path
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.01")
+    write_project(root)
+    (root / "conftest.py").write_text(REPORT_EXCHANGE)
+    args = ("--model", "m1", "-k", "small", "-n", "2", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("benchmarks/", *args)
+    result.assert_outcomes(passed=1)
+    assert (root / "exchange-started").read_text() == "True"
+    (root / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("test_nothing.py", "-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert (root / "exchange-started").read_text() == "False"
 
 
 # -- TLS from the session's CA ---------------------------------------------------------------
@@ -378,18 +586,17 @@ def test_no_token_crosses_the_wire_in_clear_and_clients_without_the_ca_are_refus
     relay = Relay(exchange.port)
     try:
         given = exchange.workerinput("popen")
-        exchange.book.worker_up("gw0")
+        exchange.worker_up("gw0")
         client = client_from({WORKERINPUT_KEY: {**given, "port": relay.port}}, {})
         assert client is not None and client.url.startswith("https://")
-        answer = client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1)
-        assert answer == {"starting": 0, "ready": [], "dead": []}
+        assert client.call(want(1)) == WantAnswer(0)
         wire = bytes(relay.wire)
         assert wire[:1] == b"\x16"  # a TLS handshake record opens the connection
-        for secret in (exchange.token, "Bearer", "keeper", "/want"):
+        for secret in (exchange.token, "Bearer", "keeper", "/exchange", '"want"'):
             assert secret.encode() not in wire, secret
 
-        url = f"https://127.0.0.1:{exchange.port}/want"
-        plain = f"http://127.0.0.1:{exchange.port}/want"
+        url = f"https://127.0.0.1:{exchange.port}/exchange"
+        plain = f"http://127.0.0.1:{exchange.port}/exchange"
         headers = {"Authorization": f"Bearer {exchange.token}"}
         ca_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA, shows no certificate
         ca_only.check_hostname = False
@@ -432,7 +639,7 @@ def test_tls_material_that_cannot_be_loaded_turns_replicas_off_not_the_items(
         client = client_from({WORKERINPUT_KEY: given}, {})
         assert client is not None
         assert client.failure is not None and "TLS material" in client.failure
-        assert client.call("want", keeper="gw0", node="a", key="k", launch=LAUNCH, need=1) is None
+        assert client.call(want(1)) is None
         from pytest_modelbench.serving.gpus import GpuClaimer
         from pytest_modelbench.serving.replica_policy import ReplicaPolicy
         from pytest_modelbench.serving.slot import ServerSlot

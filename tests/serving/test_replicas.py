@@ -534,7 +534,7 @@ def test_a_worker_with_nothing_left_lends_its_running_server(
     for server in servers:  # no orphans
         with pytest.raises(ProcessLookupError):
             os.kill(server["pid"], 0)
-    assert not list((root / "modelbench-gpu-locks").glob("session-*/offer-*"))
+    assert not list((root / "modelbench-gpu-locks").glob("session-*"))  # nothing on disk
 
 
 def test_without_xdist_no_replica_is_started(
@@ -553,35 +553,6 @@ def test_without_xdist_no_replica_is_started(
     assert [s["gpus"] for s in starts(fake_vllm)] == ["0"]
 
 
-def test_a_lent_server_is_taken_once_and_given_back(tmp_path: Path) -> None:
-    """The handover protocol: an offer waits while wanted, one taker gets it, the lender stops
-    waiting once the taker lets go and nobody wants it any more."""
-    import threading
-
-    from pytest_modelbench.serving.handover import Offer, Wanted, take
-
-    assert Offer("s", "gw1", "k", "http://127.0.0.1:1/v1", None, tmp_path).lend() == 0  # unwanted
-    want = Wanted("s", "gw0", "k", tmp_path)
-    assert take("s", "k", tmp_path) is None  # nothing offered yet
-    offer = Offer("s", "gw1", "k", "http://127.0.0.1:1/v1", os.getpid(), tmp_path)
-    lent: list[int] = []
-    lender = threading.Thread(target=lambda: lent.append(offer.lend(poll_s=0.01)))
-    lender.start()
-    wait_for(lambda: offer.path.exists())
-    assert take("s", "other-key", tmp_path) is None
-    borrowed = take("s", "k", tmp_path)
-    assert borrowed is not None and borrowed.base_url == "http://127.0.0.1:1/v1"
-    assert borrowed.is_alive() and take("s", "k", tmp_path) is None  # taken: not twice
-    time.sleep(0.1)  # in use for a while (the lender looks every 10 ms)
-    borrowed.stop()
-    time.sleep(0.1)
-    assert lender.is_alive()  # still wanted: offered again
-    want.close()
-    lender.join(timeout=5)
-    assert lent == [1] and not offer.path.exists()
-    assert not list(tmp_path.iterdir())  # the session's directory is gone too
-
-
 def test_only_replicas_raise_the_requests_in_flight() -> None:
     """A configured list of URLs shares one max_concurrent (a gateway's rate limit is not
     multiplied); each replica modelbench adds brings its own."""
@@ -592,22 +563,3 @@ def test_only_replicas_raise_the_requests_in_flight() -> None:
     assert urls.replicas == 1
     urls.remove("http://127.0.0.1:9001/v1")
     assert urls.replicas == 0
-
-
-def test_an_offer_of_a_killed_worker_is_not_taken(tmp_path: Path) -> None:
-    import subprocess
-
-    from pytest_modelbench.serving.handover import Wanted, session_dir, take
-
-    want = Wanted("s", "gw0", "k", tmp_path)
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    directory = session_dir("s", tmp_path)
-    (directory / "taken-gw1.lock").touch()
-    offer = directory / "offer-gw1.json"
-    offer.write_text(
-        json.dumps({"key": "k", "url": "http://127.0.0.1:1/v1", "pid": gone.pid, "worker": "gw1"})
-    )
-    assert take("s", "k", tmp_path) is None
-    assert not offer.exists()  # removed, not tried again every second
-    want.close()

@@ -70,28 +70,71 @@ def test_gpus_option_naming_fewer_gpus_than_workers(
     assert {s["gpus"] for s in starts(fake_vllm)} == {"1"}
 
 
-def test_owner_stops_its_server_only_after_the_sharers_let_go(tmp_path: Path) -> None:
-    from pytest_modelbench.serving.handover import Published, share
+def test_owner_stops_its_server_only_after_the_sharers_let_go() -> None:
+    """Through the session's exchange: any number of sharers at once, none new once it is
+    withdrawn, the owner's wait ends when the last lets go, and a sharer whose worker is
+    gone (its connection closed) lets go too."""
+    from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from
+    from pytest_modelbench.serving.exchange import Exchange
+    from pytest_modelbench.serving.sharing import Published, share
 
-    published = Published("s1", "gw0", "key", "http://127.0.0.1:1", os.getpid(), tmp_path)
-    assert share("s1", "other-key", tmp_path) is None  # another launch: not shared
-    assert not published.in_use()
-    first, second = share("s1", "key", tmp_path), share("s1", "key", tmp_path)
-    assert first is not None and second is not None  # any number of sharers at once
-    assert published.in_use()
-    assert first.base_url == "http://127.0.0.1:1" and first.worker == "gw0"
-    closed = threading.Event()
-    closer = threading.Thread(target=lambda: (published.close(), closed.set()))
-    closer.start()
-    time.sleep(0.3)
-    assert share("s1", "key", tmp_path) is None  # withdrawn: no new sharer finds it
-    first.stop()
-    time.sleep(0.3)
-    assert not closed.is_set()  # the second sharer's item still runs
-    second.stop()
-    closer.join(5)
-    assert closed.is_set()
-    assert not list(tmp_path.glob("session-*"))  # nothing left behind
+    exchange = Exchange()
+    exchange.start()
+    try:
+        given = exchange.workerinput("popen")
+        owner, a, b, c = (
+            client_from({WORKERINPUT_KEY: given, "workerid": w}, {})
+            for w in ("gw0", "gw1", "gw2", "gw3")
+        )
+        assert owner is not None and a is not None and b is not None and c is not None
+        published = Published(owner, "key", "n1", "http://127.0.0.1:1/v1")
+        assert share(a, "other-key", "n1") is None  # another launch: not shared
+        assert share(a, "key", "n2") is None  # another node's server: not shared
+        first, second, third = share(a, "key", "n1"), share(b, "key", "n1"), share(c, "key", "n1")
+        assert first is not None and second is not None and third is not None
+        assert first.base_url == "http://127.0.0.1:1/v1" and first.worker == "gw0"
+        closed = threading.Event()
+        closer = threading.Thread(target=lambda: (published.close(), closed.set()))
+        closer.start()
+        time.sleep(0.3)
+        assert share(a, "key", "n1") is None  # withdrawn: no new sharer finds it
+        first.stop()
+        c.close()  # the third sharer's worker ends
+        time.sleep(0.3)
+        assert not closed.is_set()  # the second sharer's item still runs
+        second.stop()
+        closer.join(5)
+        assert closed.is_set()
+    finally:
+        exchange.close()
+
+
+def test_a_sharer_is_told_when_the_owner_is_gone() -> None:
+    from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from
+    from pytest_modelbench.serving.exchange import Exchange
+    from pytest_modelbench.serving.sharing import Published, share
+
+    exchange = Exchange()
+    exchange.start()
+    try:
+        given = exchange.workerinput("popen")
+        owner = client_from({WORKERINPUT_KEY: given, "workerid": "gw0"}, {})
+        sharer = client_from({WORKERINPUT_KEY: given, "workerid": "gw1"}, {})
+        assert owner is not None and sharer is not None
+        Published(owner, "key", "n1", "http://127.0.0.1:1/v1")
+        found = share(sharer, "key", "n1")
+        assert found is not None and found.is_alive()
+        owner.close()  # its worker ended
+        deadline = time.monotonic() + 10
+        while found.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not found.is_alive()
+        assert (
+            found.death_report()
+            == "the server of worker gw0, shared, is gone (its worker gw0 ended)"
+        )
+    finally:
+        exchange.close()
 
 
 def test_ctrl_c_while_a_worker_shares_a_server(

@@ -1,0 +1,239 @@
+"""A worker's channel to the session's exchange (``serving/exchange.py``): one WebSocket,
+held open from the first call to the worker's end, for requests and the events pushed to it.
+
+The connection is the worker's presence: when its process ends, however it ends, the kernel
+closes the socket and the exchange knows at once. A worker whose exchange closes the
+connection, or cannot be reached ``FAILURES`` times in a row, stops calling: the failure is
+kept in :attr:`ExchangeClient.failure` for the worker to report (replicas only help).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pytest_modelbench.secrets import remember
+from pytest_modelbench.serving.messages import PATH, Ack, Hello, Message, decode, encode
+from pytest_modelbench.serving.tls import SessionTls
+
+if TYPE_CHECKING:
+    import ssl
+
+    from aiohttp import ClientSession, ClientWebSocketResponse
+
+FAILURES = 3  # connections in a row that fail before a worker stops calling
+CALL_TIMEOUT_S = 5.0
+HEARTBEAT_S = 10.0  # the exchange's silence this long (its node vanished) closes the socket
+WORKERINPUT_KEY = "modelbench_exchange"
+HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
+
+__all__ = ["HOST_ENV", "WORKERINPUT_KEY", "ExchangeClient", "client_from", "this_node"]
+
+
+def this_node() -> str:
+    """This node, as the exchange tells nodes apart (host name and GPU claim directory)."""
+    # lazily: serving loads only when a worker starts a server (pytest start-up)
+    import socket
+
+    from pytest_modelbench.serving.gpus import default_lock_dir
+
+    return f"{socket.gethostname()}:{default_lock_dir()}"
+
+
+def client_from(
+    workerinput: Mapping[str, Any] | None, environ: Mapping[str, str]
+) -> ExchangeClient | None:
+    """A worker's client for the exchange its controller runs, or None. The controller's
+    address: ``$MODELBENCH_EXCHANGE_HOST``; on a node reached over the network, where its
+    ssh session came from (``$SSH_CONNECTION``), else the controller's host name; on the
+    controller's own node, loopback (a ``popen`` worker inherits the user's own ssh login)."""
+    given = (workerinput or {}).get(WORKERINPUT_KEY)
+    if not isinstance(given, Mapping):
+        return None
+    remember(str(given["server_key"]))  # redacted wherever a server echoes it
+    host = environ.get(HOST_ENV, "")
+    if not host and given.get("networked"):
+        ssh = environ.get("SSH_CONNECTION", "").split()
+        host = ssh[0] if ssh else str(given.get("host") or "")
+    tls = given.get("tls")
+    return ExchangeClient(
+        host or "127.0.0.1",
+        int(given["port"]),
+        str(given["token"]),
+        str(given["server_key"]),
+        worker=str((workerinput or {}).get("workerid") or "worker"),
+        local=bool(given.get("local")),
+        nodes=int(given.get("nodes", 2)),
+        tls=SessionTls.of(tls) if isinstance(tls, Mapping) else None,
+    )
+
+
+class ExchangeClient:
+    """A worker's requests to the exchange (:meth:`call`, from any thread) and the events it
+    pushes (given to :attr:`listener`, in the channel's thread: it must not block)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        server_key: str,
+        *,
+        worker: str = "worker",
+        local: bool = False,
+        nodes: int = 2,
+        tls: SessionTls | None = None,
+    ) -> None:
+        """``local``: every node of the session is this one (servers stay on loopback).
+        ``tls``: the workers' material from the session's CA (the socket is wss)."""
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        self.tls = tls
+        self.worker = worker
+        self._token = token
+        self.server_key = server_key
+        self.local = local
+        self.nodes = nodes  # the session's nodes: with one, nobody serves another's item
+        self.failure: str | None = None
+        self._listeners: list[Callable[[Message], None]] = []
+        self._failures = 0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._session: ClientSession | None = None
+        self._socket: ClientWebSocketResponse[bool] | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._ref = 0
+        self.context: ssl.SSLContext | None = None  # the socket, and servers of other nodes
+        try:  # a full or read-only temp dir turns replicas across nodes off, never the items
+            self.context = tls.client_context() if tls is not None else None
+        except OSError as exc:  # ssl.SSLError is one
+            self.failure = f"the session's TLS material could not be loaded ({exc})"
+
+    def listen(self, listener: Callable[[Message], None]) -> None:
+        """Give every event the exchange pushes to ``listener`` too (called in the channel's
+        thread: it must not block)."""
+        self._listeners.append(listener)
+
+    def call(self, message: Message) -> Message | None:
+        """The exchange's reply to ``message``; None when it cannot be had."""
+        if self.failure is not None:  # gone, or unreachable: replicas across nodes are off
+            return None
+        loop = self._start()
+        future = asyncio.run_coroutine_threadsafe(self._call(message), loop)
+        try:
+            reply = future.result(timeout=CALL_TIMEOUT_S * 3)
+        except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
+            return None
+        if isinstance(reply, Ack) and reply.error is not None:
+            return None
+        return reply
+
+    @property
+    def connected(self) -> bool:
+        return self._socket is not None and not self._socket.closed
+
+    def close(self) -> None:
+        """Close the connection (the exchange takes it as this worker's end) and its thread."""
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is not None and thread is not None:
+            # lazily: aiohttp loads only for a session with an exchange
+            from pytest_modelbench.running.router import stop_loop
+
+            stop_loop(loop, thread, self._shutdown)
+
+    def __repr__(self) -> str:
+        return f"ExchangeClient({self.url})"
+
+    # -- the channel's thread --------------------------------------------------------------
+    def _start(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                # lazily: aiohttp loads only for a session with an exchange
+                from pytest_modelbench.running.router import start_loop
+
+                async def setup() -> None:
+                    self._connecting = asyncio.Lock()
+
+                self._loop, self._thread = start_loop(f"modelbench-channel-{self.worker}", setup)
+            return self._loop
+
+    async def _call(self, message: Message) -> Message:
+        socket = await self._connect()
+        self._ref += 1
+        ref = self._ref
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[ref] = reply
+        try:
+            await socket.send_str(encode(message, ref))
+            return await asyncio.wait_for(reply, CALL_TIMEOUT_S)
+        finally:
+            self._pending.pop(ref, None)
+
+    async def _connect(self) -> ClientWebSocketResponse[bool]:
+        import aiohttp
+
+        assert self._connecting is not None
+        async with self._connecting:
+            if self._socket is not None and not self._socket.closed:
+                return self._socket
+            if self._session is None:  # direct, even when the user has HTTP(S)_PROXY set
+                self._session = aiohttp.ClientSession(trust_env=False)
+            try:
+                socket = await self._session.ws_connect(
+                    self.url + PATH,
+                    headers={"Authorization": f"Bearer {self._token}"},
+                    ssl=self.context if self.context is not None else False,
+                    heartbeat=HEARTBEAT_S,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=CALL_TIMEOUT_S),
+                )
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                self._failures += 1
+                if self._failures >= FAILURES:
+                    self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
+                raise OSError(str(exc)) from exc
+            self._failures = 0
+            self._socket = socket
+            asyncio.get_running_loop().create_task(self._read(socket))
+            self._ref += 1
+            hello: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+            self._pending[self._ref] = hello
+            await socket.send_str(encode(Hello(self.worker), self._ref))
+            await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            return socket
+
+    async def _read(self, socket: ClientWebSocketResponse[bool]) -> None:
+        """Replies to their calls, events to the listener, until the exchange closes."""
+        import aiohttp
+
+        async for frame in socket:
+            if frame.type != aiohttp.WSMsgType.TEXT:
+                continue
+            try:
+                ref, message = decode(frame.data)
+            except ValueError:
+                continue
+            waiter = self._pending.get(ref) if ref else None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+            elif not ref:
+                for listener in list(self._listeners):
+                    try:
+                        listener(message)
+                    except Exception:  # a listener's bug must not close the channel
+                        continue
+        if self._loop is not None and self.failure is None:  # not closed by this worker
+            self.failure = f"the session's exchange at {self.url} closed the connection"
+        for waiter in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionError(self.failure or "closed"))
+
+    async def _shutdown(self) -> None:
+        if self._socket is not None:
+            await self._socket.close()
+        if self._session is not None:
+            await self._session.close()
