@@ -19,7 +19,7 @@ from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION, ItemStatus, JournalRow
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runlog import RunItem, RunLog, RunStatus, read_run
+from pytest_modelbench.store.runlog import RunItem, RunLog, RunNotFound, RunStatus, read_run
 from pytest_modelbench.store.summary import ItemSummary, MetricSummary
 from pytest_modelbench.store.verdict import Verdict
 from pytest_modelbench.suites.contract import Example, Score, Suite
@@ -48,6 +48,7 @@ __all__ = [
     "RowSink",
     "RunItem",
     "RunLog",
+    "RunNotFound",
     "RunStatus",
     "Score",
     "Suite",

@@ -11,6 +11,7 @@ decided by one rule. A run directory named on a command line (``modelbench repor
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,7 @@ def run_status(
     return RunStatus.FAILED if any(failed for _, failed in pairs) else RunStatus.FINISHED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunItem:
     """One item of a run as stored: its manifest entry, summary, metadata and saved record."""
 
@@ -119,8 +120,19 @@ class RunItem:
         """Waiting for ``--mb-correction holm``'s final step."""
         return self.result is not None and self.current and self.result.gate_deferred
 
+    def __repr__(self) -> str:
+        """One line (the item, its status and verdict), not the nested records."""
+        return (
+            f"RunItem({self.item_id!r}, status={_word(self.status)}, "
+            f"verdict={_word(self.verdict)})"
+        )
 
-@dataclass(frozen=True)
+
+def _word(value: TextEnum | None) -> str:
+    return "none" if value is None else value.value
+
+
+@dataclass(frozen=True, repr=False)
 class RunLog:
     """A run directory read back: the manifest's run fields and every item."""
 
@@ -147,9 +159,17 @@ class RunLog:
         """Items whose gate failed (pending Holm's final step or not)."""
         return sum(1 for item in self.items if item.verdict is Verdict.FAIL)
 
+    def __repr__(self) -> str:
+        """One line (the run, its status, how many items), not every item's records."""
+        return f"RunLog({self.run_id!r}, status={self.status().value}, items={len(self.items)})"
+
+
+class RunNotFound(FileNotFoundError):
+    """The named run directory does not exist or is not a run (message says which and why)."""
+
 
 def read_run(
-    directory: Path,
+    directory: str | os.PathLike[str],
     records: Sequence[EvalResult] | None = None,
     *,
     only_records: bool = False,
@@ -161,7 +181,17 @@ def read_run(
     session's ``records`` are taken as they are (``only_records``: just those items;
     ``ids``: just these). ``manifest=False`` (with ``ids``) reads only the items' own files,
     their status then being their summary's: one item read after each test costs the same
-    at any run size. ``metadata=False`` leaves each item's ``metadata`` None."""
+    at any run size. ``metadata=False`` leaves each item's ``metadata`` None.
+
+    :class:`RunNotFound` when ``directory`` holds no run manifest (and no ``records`` are
+    given): a wrong path is an error, not an empty run."""
+    directory = Path(directory)
+    if records is None and manifest and not (directory / MANIFEST).is_file():
+        found = f"no {MANIFEST} there" if directory.is_dir() else "no such directory"
+        raise RunNotFound(
+            f"{directory}: not a run directory ({found}; a run directory holds {MANIFEST} "
+            "and one directory per item, as pytest writes them under runs/)"
+        )
     store = RunStore(directory)
     manifest_fields = store.read_manifest() if manifest or ids is None else {}
     entries = manifest_fields.get("items")
@@ -191,10 +221,6 @@ def read_run(
 
 
 # -- finding run directories -------------------------------------------------------------------
-class RunNotFound(Exception):
-    """The named run directory does not exist or is not a run (message says which and why)."""
-
-
 def list_runs(
     parent: Path, run_name: str | None = None, restart_from: str | None = None
 ) -> list[Path]:
