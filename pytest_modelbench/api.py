@@ -22,7 +22,7 @@ from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import RunItem, RunLog, RunNotFound, RunStatus, read_run
 from pytest_modelbench.store.summary import ItemSummary, MetricSummary
 from pytest_modelbench.store.verdict import Verdict
-from pytest_modelbench.suites.contract import Example, Score, Suite
+from pytest_modelbench.suites.contract import Example, Score, Suite, SuiteArgumentError
 
 if TYPE_CHECKING:
     from pytest_modelbench.running.client import Completion, RequestFailed
@@ -52,6 +52,7 @@ __all__ = [
     "RunStatus",
     "Score",
     "Suite",
+    "SuiteArgumentError",
     "SuiteBackend",
     "Verdict",
     "read_run",
