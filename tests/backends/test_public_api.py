@@ -125,6 +125,43 @@ def test_a_third_party_backend_runs_resumes_and_is_gated(project: Project, sim: 
     result.stdout.fnmatch_lines(["*arithmetic exact_match 0.000 * vs baseline 0.900*regression*"])
 
 
+CAPPED = "return keys if item.num_examples < 0 else keys[: item.num_examples]"
+
+
+@pytest.mark.parametrize("honours", [True, False], ids=["as-documented", "ignoring-the-cap"])
+def test_the_worked_backend_takes_num_examples_and_one_that_does_not_is_warned(
+    project: Project, sim: Any, honours: bool
+) -> None:
+    """``--num-examples 5`` asks the documented backend 5 questions; a backend that ignores
+    the cap (the docs' earlier example) runs all 20 and is told so once, by its module."""
+    code = third_party_conftest()
+    assert CAPPED in code
+    (project.root / "benchmarks" / "conftest.py").write_text(
+        code if honours else code.replace(CAPPED, "return keys")
+    )
+    lookup = {f"What is {i} + 1?": (str(i + 1), f"not {i + 1}") for i in range(QUESTIONS)}
+    server = sim(accuracy=1.0, lookup=lookup)
+    project.models({"alpha": {"model": "sim-model", "api_base_url": server.base_url}})
+    project.env("arithmetic", [{"id": "arithmetic", "module": "arithmetic"}])
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--mb-run-id", "r1", "--num-examples", "5"
+    )
+    result.assert_outcomes(passed=1)
+    asked = len([r for r in server.requests if r.path.endswith("completions")])
+    summary = _summary(project.root / "runs" / "r1")
+    warning = (
+        "*ExampleCapWarning: alpha-arithmetic-seed0: the backend of module 'arithmetic' "
+        "(conftest.Arithmetic) evaluated 20 examples where the item's num_examples is 5*"
+    )
+    if honours:
+        assert (asked, summary["n_rows"], summary["expected"]) == (5, 5, 5)
+        result.stdout.no_fnmatch_line("*ExampleCapWarning*")
+    else:
+        assert (asked, summary["n_rows"]) == (20, 20)
+        result.stdout.fnmatch_lines([warning])
+        assert len(result.stdout.str().split("ExampleCapWarning:")) == 2  # once
+
+
 OWN_SUITE = '''
 from pytest_modelbench.api import Example, Score, SuiteArgumentError, SuiteBackend
 
