@@ -26,6 +26,9 @@ from pytest_modelbench.store.runstore import MANIFEST, RunStore
 from pytest_modelbench.store.summary import ItemSummary
 from pytest_modelbench.store.verdict import Verdict
 
+RUNS = "runs"  # the run directories' parent, relative to the project's root (the rootdir)
+PROJECT_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+PROJECT_DIRS = ("configs",)  # modelbench's configuration directory: a project without an ini
 STALE_AFTER_S = 600  # a "running" run whose manifest is older than this was interrupted
 LATEST = "latest"  # the run reference that names the most recent run
 
@@ -221,6 +224,18 @@ def read_run(
 
 
 # -- finding run directories -------------------------------------------------------------------
+def find_project_root(start: Path) -> Path | None:
+    """The nearest directory from ``start`` up holding a pytest configuration file or a
+    ``configs/`` directory: the rootdir pytest would run the project from, whose ``runs/``
+    the plugin writes (``--run-dir`` is taken from there). None when there is none."""
+    for directory in (start, *start.parents):
+        if any((directory / name).is_file() for name in PROJECT_FILES) or any(
+            (directory / name).is_dir() for name in PROJECT_DIRS
+        ):
+            return directory
+    return None
+
+
 def list_runs(
     parent: Path, run_name: str | None = None, restart_from: str | None = None
 ) -> list[Path]:
@@ -271,7 +286,7 @@ def resolve_run(ref: str, parent: Path) -> Path:
     if found is not None:
         return found
     if ref == LATEST:
-        raise RunNotFound(f"latest: no runs under {parent} (pass --run-dir DIR)")
+        raise RunNotFound(f"latest: no runs under {parent} yet (pytest writes them there)")
     shown = ", ".join(p.name for p in list_runs(parent)[-5:]) or "none"
     raise RunNotFound(
         f"{ref}: not a run directory (no {MANIFEST} in {Path(ref)} or {parent / ref}); "
