@@ -1,6 +1,6 @@
 """The ``modelbench`` console command: rebuild reports, compare runs, export data, list runs/models.
 
-    modelbench report RUN                 rebuild report.html, leaderboard.*, results.parquet
+    modelbench report [RUN]               rebuild report.html, leaderboard.*, results.parquet
     modelbench compare RUN_A RUN_B        paired per-variant deltas (B - A) with p-values, win rates
     modelbench view RUN                   browse every example in a local read-only viewer
     modelbench export RUN --format csv    one normalised row per example (parquet or csv)

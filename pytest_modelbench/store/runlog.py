@@ -126,8 +126,7 @@ class RunItem:
     def __repr__(self) -> str:
         """One line (the item, its status and verdict), not the nested records."""
         return (
-            f"RunItem({self.item_id!r}, status={_word(self.status)}, "
-            f"verdict={_word(self.verdict)})"
+            f"RunItem({self.item_id!r}, status={_word(self.status)}, verdict={_word(self.verdict)})"
         )
 
 

@@ -162,7 +162,7 @@ def test_the_worked_backend_takes_num_examples_and_one_that_does_not_is_warned(
         assert len(result.stdout.str().split("ExampleCapWarning:")) == 2  # once
 
 
-OWN_SUITE = '''
+OWN_SUITE = """
 from pytest_modelbench.api import Example, Score, SuiteArgumentError, SuiteBackend
 
 
@@ -194,7 +194,7 @@ class Sums:
 
 def pytest_modelbench_make_backend(config, module):
     return SuiteBackend(Sums()) if module == "sums" else None
-'''
+"""
 
 
 def test_a_suite_written_against_the_api_refuses_an_env_arg_with_one_line(
@@ -207,7 +207,9 @@ def test_a_suite_written_against_the_api_refuses_an_env_arg_with_one_line(
     project.env("sums", [{"id": "sums", "module": "sums", "env_args": {"sise": 3}}])
     result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-run-id", "r1")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["sums.yaml: variant 'sums': unknown env arg 'sise': sums takes size"])
+    result.stdout.fnmatch_lines(
+        ["sums.yaml: variant 'sums': unknown env arg 'sise': sums takes size"]
+    )
     result.stdout.no_fnmatch_line("*Traceback*")
 
 

@@ -103,7 +103,10 @@ def test_the_public_read_run_takes_a_str_refuses_a_wrong_path_and_prints_short(
     assert repr(run) == "RunLog('r1', status=error, items=3)"
     assert repr(run.items[0]) == "RunItem('m-qa-seed0', status=finished, verdict=fail)"
     assert repr(run.items[2]) == "RunItem('m-code-seed0', status=error, verdict=error)"
-    for wrong, why in [("nonexistent", "no such directory"), ("runs", "no run_manifest.json there")]:
+    for wrong, why in [
+        ("nonexistent", "no such directory"),
+        ("runs", "no run_manifest.json there"),
+    ]:
         with pytest.raises(api.RunNotFound) as caught:
             api.read_run(Path(wrong))
         message = str(caught.value)
