@@ -405,8 +405,8 @@ class ModelbenchSession:
             self.runs.chosen,
             interrupted=[i for k, i in self._interrupted.items() if k not in self.outcomes],
         )
-        if interrupted and self.runs.chosen is not None:
-            write_resume_hint(terminalreporter, self.runs.chosen, self._resume_advice())
+        if interrupted:
+            write_resume_hint(terminalreporter, self._resume_advice())
         write_truncation_warnings(terminalreporter, self.records)
         write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)

@@ -200,12 +200,9 @@ def write_summary_table(
         if truncation:
             cells.insert(8, _fmt(result.truncated if result.error is None else None))
         rows.append([*cells, verdict])
-    stopped_rows = [
-        [item.model_name, item.variant.id, str(item.seed), *["-"] * (len(rows[0]) - 4)]
-        + ["interrupted"]
-        for item in sorted(interrupted, key=lambda i: (i.model_name, i.variant.id, i.seed))
-    ]
-    rows.extend(stopped_rows)
+    blank = ["-"] * (len(rows[0]) - 4)  # no score, CI, n, errors, baseline or delta yet
+    for item in sorted(interrupted, key=lambda i: (i.model_name, i.variant.id, i.seed)):
+        rows.append([item.model_name, item.variant.id, str(item.seed), *blank, "interrupted"])
     reporter.write_sep("=", "modelbench summary")
     right = {2, 4, 6, 7, 8, 9, 10} if truncation else {2, 4, 6, 7, 8, 9}
     for line in _table(rows, right=right) if len(rows) > 1 else ():
@@ -215,10 +212,10 @@ def write_summary_table(
         write_from_store(reporter, records, run_dir)
 
 
-def write_resume_hint(reporter: pytest.TerminalReporter, run_dir: Path, advice: str) -> None:
-    """After Ctrl-C or SIGTERM: where the run is kept, and how to continue it."""
+def write_resume_hint(reporter: pytest.TerminalReporter, advice: str) -> None:
+    """After Ctrl-C or SIGTERM (below the ``run store:`` line): how to continue the run."""
     reporter.write_line(
-        f"interrupted: {run_dir} keeps every finished example; {advice}", yellow=True
+        f"interrupted: the run store keeps every finished example; {advice}", yellow=True
     )
 
 

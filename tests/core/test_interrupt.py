@@ -59,10 +59,11 @@ def test_signal_marks_items_in_flight_interrupted(
         for line in summary
     ), output
     assert f"run store: {run_dir}" in summary, output
-    assert (
-        f"interrupted: {run_dir} keeps every finished example; "
+    hint = (
+        "interrupted: the run store keeps every finished example; "
         "re-running the same command resumes it"
-    ) in summary, output
+    )
+    assert summary[summary.index(f"run store: {run_dir}") + 1] == hint, output
 
 
 def test_resume_after_an_interrupt_finishes_the_item(project: Project, sim: Any) -> None:
