@@ -19,10 +19,10 @@ from pytest_modelbench.running.progress import ProgressSink
 from pytest_modelbench.store.item_rows import RowSink
 from pytest_modelbench.store.records import JOURNAL_ROW_VERSION, ItemStatus, JournalRow
 from pytest_modelbench.store.result import EvalResult
-from pytest_modelbench.store.runlog import RunItem, RunLog, RunStatus, read_run
+from pytest_modelbench.store.runlog import RunItem, RunLog, RunNotFound, RunStatus, read_run
 from pytest_modelbench.store.summary import ItemSummary, MetricSummary
 from pytest_modelbench.store.verdict import Verdict
-from pytest_modelbench.suites.contract import Example, Score, Suite
+from pytest_modelbench.suites.contract import Example, Score, Suite, SuiteArgumentError
 
 if TYPE_CHECKING:
     from pytest_modelbench.running.client import Completion, RequestFailed
@@ -48,9 +48,11 @@ __all__ = [
     "RowSink",
     "RunItem",
     "RunLog",
+    "RunNotFound",
     "RunStatus",
     "Score",
     "Suite",
+    "SuiteArgumentError",
     "SuiteBackend",
     "Verdict",
     "read_run",

@@ -1,6 +1,6 @@
 """The ``modelbench`` console command: rebuild reports, compare runs, export data, list runs/models.
 
-    modelbench report RUN                 rebuild report.html, leaderboard.*, results.parquet
+    modelbench report [RUN]               rebuild report.html, leaderboard.*, results.parquet
     modelbench compare RUN_A RUN_B        paired per-variant deltas (B - A) with p-values, win rates
     modelbench view RUN                   browse every example in a local read-only viewer
     modelbench export RUN --format csv    one normalised row per example (parquet or csv)
@@ -8,8 +8,11 @@
     modelbench models --api-base-url URL  the models an OpenAI-compatible endpoint serves
     modelbench gpus                       this node's GPUs: memory, utilisation, holders, claims
 
-RUN is a run directory, a run id under ``--run-dir`` (default ``runs``), or
-``latest``. Bad input prints one line and exits with status 2.
+RUN is a run directory, a run id under ``--run-dir``, or ``latest`` (``report`` without
+RUN: the latest). ``--run-dir`` defaults to the project's ``runs/``, found from the working
+directory up as pytest finds its rootdir (``pytest.ini``, ``pyproject.toml``, ``setup.cfg``,
+``tox.ini``, or ``configs/``), so the command works from any directory of the project. Bad
+input prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ from pytest_modelbench.reporting.model import load_run
 from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import masked_url
 from pytest_modelbench.store.records import ItemStatus
-from pytest_modelbench.store.runlog import RunNotFound, list_runs, read_run, resolve_run
+from pytest_modelbench.store.runlog import (
+    LATEST,
+    PROJECT_DIRS,
+    PROJECT_FILES,
+    RUNS,
+    RunNotFound,
+    find_project_root,
+    list_runs,
+    read_run,
+    resolve_run,
+)
 
 USAGE_ERROR = 2
 
@@ -39,9 +52,11 @@ def _run_dir_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-dir",
         type=Path,
-        default=Path("runs"),
+        default=None,
         metavar="DIR",
-        help="parent directory of run directories (default: runs)",
+        help="parent directory of run directories (default: the project's runs/, the project "
+        "being the nearest directory up from here with pytest.ini, pyproject.toml, setup.cfg, "
+        "tox.ini or configs/)",
     )
 
 
@@ -52,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     report = sub.add_parser("report", help="rebuild report.html, leaderboard.* and results.parquet")
-    report.add_argument("run", metavar="RUN", help="run directory, run id, or 'latest'")
+    report.add_argument(
+        "run",
+        metavar="RUN",
+        nargs="?",
+        default=None,
+        help="run directory, run id, or 'latest' (default: the latest)",
+    )
     report.add_argument(
         "--examples",
         type=int,
@@ -139,9 +160,31 @@ def _gpus_parser(sub: Any) -> None:
     )
 
 
-def _run(name: str, runs_dir: Path) -> Path:
+def _runs_dir(args: argparse.Namespace) -> Path | None:
+    """``--run-dir`` as given, else the project's ``runs/`` (the project found from the working
+    directory up, as pytest finds its rootdir), else None: no project here."""
+    if args.run_dir is not None:
+        return Path(args.run_dir)
+    root = find_project_root(Path.cwd())
+    return root / RUNS if root is not None else None
+
+
+def _no_project() -> CliError:
+    markers = ", ".join([*PROJECT_FILES, *(f"{name}/" for name in PROJECT_DIRS)])
+    return CliError(
+        f"no project in {Path.cwd()} or above (no directory with any of {markers}), so no "
+        f"{RUNS}/ to read: run this inside the project you run pytest in"
+    )
+
+
+def _run(name: str, args: argparse.Namespace) -> Path:
+    parent = _runs_dir(args)
+    if parent is None:
+        if name == LATEST:
+            raise _no_project()
+        parent = Path.cwd() / RUNS  # a path names the run on its own
     try:
-        return resolve_run(name, runs_dir)
+        return resolve_run(name, parent)
     except RunNotFound as exc:
         raise CliError(str(exc)) from None
 
@@ -154,7 +197,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.examples < 0:
         raise CliError(f"--examples: expected a whole number >= 0, got {args.examples}")
-    run = load_run(_run(args.run, args.run_dir))
+    directory = _run(args.run or LATEST, args)
+    if args.run is None:
+        print(f"no RUN given: reporting the latest run, {directory.name} ({directory})")
+    run = load_run(directory)
     out = args.output or run.directory
     out.mkdir(parents=True, exist_ok=True)
     paths = [
@@ -176,8 +222,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # lazily: each command loads only what it needs (CLI start-up)
     from pytest_modelbench.reporting.compare import compare_runs, render_text
 
-    run_a = load_run(_run(args.run_a, args.run_dir))
-    run_b = load_run(_run(args.run_b, args.run_dir))
+    run_a = load_run(_run(args.run_a, args))
+    run_b = load_run(_run(args.run_b, args))
     for run in (run_a, run_b):
         if not run.items:
             raise CliError(f"{run.directory}: the run has no items yet (nothing to compare)")
@@ -208,7 +254,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port: expected 0-65535, got {args.port}")
-    directory = _run(args.run, args.run_dir)
+    directory = _run(args.run, args)
     try:
         server = make_server(directory, args.port, hint=args.run)
     except OSError as exc:
@@ -230,7 +276,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # lazily: each command loads only what it needs (CLI start-up)
     from pytest_modelbench.reporting.rows import ParquetUnavailable, write_csv, write_parquet
 
-    run = load_run(_run(args.run, args.run_dir))
+    run = load_run(_run(args.run, args))
     path = args.output or run.directory / f"results.{args.format}"
     try:
         count = write_parquet(run, path) if args.format == "parquet" else write_csv(run, path)
@@ -243,12 +289,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    if not args.run_dir.is_dir():
+    parent = _runs_dir(args)
+    if parent is None:
+        raise _no_project()
+    if args.run_dir is not None and not parent.is_dir():
         raise CliError(
             f"--run-dir {args.run_dir}: no such directory (run pytest first, or pass --run-dir DIR)"
         )
     rows = []
-    for path in list_runs(args.run_dir):
+    for path in list_runs(parent):
         run = read_run(path, metadata=False)
         manifest = run.manifest
         rows.append(
@@ -269,7 +318,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print(f"no runs in {args.run_dir}")
+        print(f"no runs in {parent} yet (pytest writes them there)")
         return 0
     table = [["run", "name", "created", "items", "finished", "errors", "gate fails", "status"]]
     table += [

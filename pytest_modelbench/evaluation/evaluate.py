@@ -16,7 +16,7 @@ import platform
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from pytest_modelbench.running.progress import NullProgress, ProgressSink
 from pytest_modelbench.running.summary import summarise_rows
 from pytest_modelbench.store.files import StoreWriteError
 from pytest_modelbench.store.item_rows import ItemRows
+from pytest_modelbench.store.journal import Row
 from pytest_modelbench.store.records import ItemMetadata, ItemStatus, ManifestEntry
 from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runlog import resolve_run_ref
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
 
 class StopEarlyWarning(UserWarning):
     """``--mb-stop-early`` cannot stop this item early; it runs to its end."""
+
+
+class ExampleCapWarning(UserWarning):
+    """A backend's summary covers more examples than the item's ``num_examples`` cap."""
 
 
 def versions() -> dict[str, str]:
@@ -133,10 +138,14 @@ def _metadata(item: PlannedItem, fingerprint: str, parts: dict[str, Any]) -> Ite
     )
 
 
-def summarise(rows: ItemRows, outcome: Outcome) -> ItemSummary:
+def summarise(rows: ItemRows, outcome: Outcome, examples: set[str] | None = None) -> ItemSummary:
     """The summary of a backend's outcome: its selected rows summarised (the one place
-    every backend's rows are), then the metrics and fields the backend computed itself."""
-    summary = summarise_rows(rows.rows(outcome.selected), outcome.metric_names, outcome.expected)
+    every backend's rows are), then the metrics and fields the backend computed itself.
+    ``examples`` (given) collects the example ids of the rows summarised, on the same pass."""
+    selected = rows.rows(outcome.selected)
+    if examples is not None:
+        selected = _noting(selected, examples)
+    summary = summarise_rows(selected, outcome.metric_names, outcome.expected)
     metrics: dict[str, Any] = dict(
         outcome.metrics if outcome.metrics is not None else summary.metrics or {}
     )
@@ -144,6 +153,34 @@ def summarise(rows: ItemRows, outcome: Outcome) -> ItemSummary:
         metrics.setdefault(name, value)
     summary = summary.with_fields(metrics=metrics).with_fields(**outcome.fields)
     return summary.with_fields(resumed_examples=outcome.resumed)
+
+
+def _noting(rows: Iterator[Row], examples: set[str]) -> Iterator[Row]:
+    for row in rows:
+        examples.add(str(row.get("example_id")))
+        yield row
+
+
+def _warn_over_cap(item: PlannedItem, backend: Backend, examples: set[str]) -> None:
+    """Once per item: a backend from outside this package summarised more examples than the
+    item's cap (``--num-examples``, a variant's ``num_examples``): it ignores
+    ``ctx.item.num_examples``. Built-in backends are left out: lm-eval applies the cap per
+    task of a group, as lm-eval's ``limit`` does."""
+    cap = item.num_examples
+    if cap < 0 or len(examples) <= cap:
+        return
+    kind = type(backend)
+    if kind.__module__.split(".")[0] == "pytest_modelbench":
+        return
+    warnings.warn(
+        ExampleCapWarning(
+            f"{item.item_id}: the backend of module {item.variant.module!r} "
+            f"({kind.__module__}.{kind.__qualname__}) evaluated {len(examples)} examples where "
+            f"the item's num_examples is {cap} (--num-examples, or the variant's): its "
+            "evaluate should ask only the first ctx.item.num_examples (see docs/api.md)"
+        ),
+        stacklevel=2,
+    )
 
 
 def _common_error(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -460,7 +497,9 @@ class ItemEvaluator:
                     f"{type(outcome).__name__}, not an Outcome: a backend appends its rows to "
                     "ctx.rows and returns pytest_modelbench.api.Outcome (see docs/api.md)"
                 )
-            summary = summarise(rows, outcome)
+            examples: set[str] = set()
+            summary = summarise(rows, outcome, examples)
+            _warn_over_cap(item, backend, examples)
         except EvaluationError as exc:
             item_store.fail(str(exc))
             raise

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_modelbench.config import ConfigSet, load_config_set
-from pytest_modelbench.config.options import RunOptions
+from pytest_modelbench.config.options import RunOptions, flag_name
 from pytest_modelbench.errors import ModelbenchUsageError, did_you_mean, one_of, shown_value
 from pytest_modelbench.planning.item import Plan, PlannedItem
 from pytest_modelbench.planning.plan import PlanWarning, build_plan
@@ -67,6 +67,7 @@ class ModelbenchSession:
         self._evaluator: ItemEvaluator | None = None
         self._marker_error: str | None = None
         self._in_flight: set[str] = set()  # items this process is evaluating right now
+        self._interrupted: dict[str, PlannedItem] = {}  # stopped by Ctrl-C or SIGTERM
         self._selected: list[PlannedItem] | None = None  # after deselection (-k, --lf)
         self.notes: list[str] = []  # one line each, shown in the header (controller)
         # the concerns of the session, one owner each, given what they need
@@ -290,6 +291,7 @@ class ModelbenchSession:
             with _sigterm_interrupts():
                 result: EvalResult = self.evaluator().evaluate(item)
         except KeyboardInterrupt:
+            self._interrupted[item.item_id] = item
             self._settle_interrupted()
             raise
         finally:
@@ -381,19 +383,30 @@ class ModelbenchSession:
         """Controller: item id -> pytest outcome."""
         return self.results.outcomes
 
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.records:
+    def pytest_terminal_summary(
+        self, terminalreporter: pytest.TerminalReporter, exitstatus: int
+    ) -> None:
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED and self.runs.chosen is not None
+        if not self.records and not interrupted:
             return
         # lazily: loaded only when this runs, not at every pytest start-up
         from pytest_modelbench.session.terminal import (
             write_markdown_summary,
             write_recomputed,
+            write_resume_hint,
             write_setup_differences,
             write_summary_table,
             write_truncation_warnings,
         )
 
-        write_summary_table(terminalreporter, self.records, self.runs.chosen)
+        write_summary_table(
+            terminalreporter,
+            self.records,
+            self.runs.chosen,
+            interrupted=[i for k, i in self._interrupted.items() if k not in self.outcomes],
+        )
+        if interrupted:
+            write_resume_hint(terminalreporter, self._resume_advice())
         write_truncation_warnings(terminalreporter, self.records)
         write_setup_differences(terminalreporter, self.records)
         write_recomputed(terminalreporter, self.records)
@@ -404,6 +417,13 @@ class ModelbenchSession:
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:
             write_markdown_summary(Path(step_summary), self.records, self.runs.chosen)
+
+    def _resume_advice(self) -> str:
+        """How to continue this run: the same command when it would find this run again."""
+        if self.options.run_id or self.options.auto_resume:
+            return "re-running the same command resumes it"
+        run_id = self.runs.chosen.name if self.runs.chosen is not None else "ID"
+        return f"re-run with {flag_name(self.config, 'run_id')} {run_id} to resume it"
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

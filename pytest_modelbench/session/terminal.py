@@ -175,9 +175,13 @@ def _row(result: EvalResult) -> list[str]:
 
 
 def write_summary_table(
-    reporter: pytest.TerminalReporter, records: Sequence[EvalResult], run_dir: Path | None
+    reporter: pytest.TerminalReporter,
+    records: Sequence[EvalResult],
+    run_dir: Path | None,
+    interrupted: Sequence[PlannedItem] = (),
 ) -> None:
-    """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict."""
+    """Model × environment table: score ± CI half-width, n, errors, baseline, Δ, verdict;
+    the items Ctrl-C or SIGTERM stopped (``interrupted``) as rows saying so."""
     header = ["model", "variant", "seed", "metric", "score", "95% CI", "n", "errors"]
     rows = [[*header, "baseline", "Δ", "verdict"]]
     # a "truncated" column (after errors) only in runs where a reply ran out of tokens
@@ -196,13 +200,23 @@ def write_summary_table(
         if truncation:
             cells.insert(8, _fmt(result.truncated if result.error is None else None))
         rows.append([*cells, verdict])
+    blank = ["-"] * (len(rows[0]) - 4)  # no score, CI, n, errors, baseline or delta yet
+    for item in sorted(interrupted, key=lambda i: (i.model_name, i.variant.id, i.seed)):
+        rows.append([item.model_name, item.variant.id, str(item.seed), *blank, "interrupted"])
     reporter.write_sep("=", "modelbench summary")
     right = {2, 4, 6, 7, 8, 9, 10} if truncation else {2, 4, 6, 7, 8, 9}
-    for line in _table(rows, right=right):
+    for line in _table(rows, right=right) if len(rows) > 1 else ():
         reporter.write_line(line)
     if run_dir is not None:
         reporter.write_line(f"run store: {run_dir}")
         write_from_store(reporter, records, run_dir)
+
+
+def write_resume_hint(reporter: pytest.TerminalReporter, advice: str) -> None:
+    """After Ctrl-C or SIGTERM (below the ``run store:`` line): how to continue the run."""
+    reporter.write_line(
+        f"interrupted: the run store keeps every finished example; {advice}", yellow=True
+    )
 
 
 MAX_LISTED = 5

@@ -11,6 +11,7 @@ decided by one rule. A run directory named on a command line (``modelbench repor
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ from pytest_modelbench.store.runstore import MANIFEST, RunStore
 from pytest_modelbench.store.summary import ItemSummary
 from pytest_modelbench.store.verdict import Verdict
 
+RUNS = "runs"  # the run directories' parent, relative to the project's root (the rootdir)
+PROJECT_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+PROJECT_DIRS = ("configs",)  # modelbench's configuration directory: a project without an ini
 STALE_AFTER_S = 600  # a "running" run whose manifest is older than this was interrupted
 LATEST = "latest"  # the run reference that names the most recent run
 
@@ -77,7 +81,7 @@ def run_status(
     return RunStatus.FAILED if any(failed for _, failed in pairs) else RunStatus.FINISHED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunItem:
     """One item of a run as stored: its manifest entry, summary, metadata and saved record."""
 
@@ -119,8 +123,18 @@ class RunItem:
         """Waiting for ``--mb-correction holm``'s final step."""
         return self.result is not None and self.current and self.result.gate_deferred
 
+    def __repr__(self) -> str:
+        """One line (the item, its status and verdict), not the nested records."""
+        return (
+            f"RunItem({self.item_id!r}, status={_word(self.status)}, verdict={_word(self.verdict)})"
+        )
 
-@dataclass(frozen=True)
+
+def _word(value: TextEnum | None) -> str:
+    return "none" if value is None else value.value
+
+
+@dataclass(frozen=True, repr=False)
 class RunLog:
     """A run directory read back: the manifest's run fields and every item."""
 
@@ -147,9 +161,17 @@ class RunLog:
         """Items whose gate failed (pending Holm's final step or not)."""
         return sum(1 for item in self.items if item.verdict is Verdict.FAIL)
 
+    def __repr__(self) -> str:
+        """One line (the run, its status, how many items), not every item's records."""
+        return f"RunLog({self.run_id!r}, status={self.status().value}, items={len(self.items)})"
+
+
+class RunNotFound(FileNotFoundError):
+    """The named run directory does not exist or is not a run (message says which and why)."""
+
 
 def read_run(
-    directory: Path,
+    directory: str | os.PathLike[str],
     records: Sequence[EvalResult] | None = None,
     *,
     only_records: bool = False,
@@ -161,7 +183,17 @@ def read_run(
     session's ``records`` are taken as they are (``only_records``: just those items;
     ``ids``: just these). ``manifest=False`` (with ``ids``) reads only the items' own files,
     their status then being their summary's: one item read after each test costs the same
-    at any run size. ``metadata=False`` leaves each item's ``metadata`` None."""
+    at any run size. ``metadata=False`` leaves each item's ``metadata`` None.
+
+    :class:`RunNotFound` when ``directory`` holds no run manifest (and no ``records`` are
+    given): a wrong path is an error, not an empty run."""
+    directory = Path(directory)
+    if records is None and manifest and not (directory / MANIFEST).is_file():
+        found = f"no {MANIFEST} there" if directory.is_dir() else "no such directory"
+        raise RunNotFound(
+            f"{directory}: not a run directory ({found}; a run directory holds {MANIFEST} "
+            "and one directory per item, as pytest writes them under runs/)"
+        )
     store = RunStore(directory)
     manifest_fields = store.read_manifest() if manifest or ids is None else {}
     entries = manifest_fields.get("items")
@@ -191,8 +223,16 @@ def read_run(
 
 
 # -- finding run directories -------------------------------------------------------------------
-class RunNotFound(Exception):
-    """The named run directory does not exist or is not a run (message says which and why)."""
+def find_project_root(start: Path) -> Path | None:
+    """The nearest directory from ``start`` up holding a pytest configuration file or a
+    ``configs/`` directory: the rootdir pytest would run the project from, whose ``runs/``
+    the plugin writes (``--run-dir`` is taken from there). None when there is none."""
+    for directory in (start, *start.parents):
+        if any((directory / name).is_file() for name in PROJECT_FILES) or any(
+            (directory / name).is_dir() for name in PROJECT_DIRS
+        ):
+            return directory
+    return None
 
 
 def list_runs(
@@ -245,7 +285,7 @@ def resolve_run(ref: str, parent: Path) -> Path:
     if found is not None:
         return found
     if ref == LATEST:
-        raise RunNotFound(f"latest: no runs under {parent} (pass --run-dir DIR)")
+        raise RunNotFound(f"latest: no runs under {parent} yet (pytest writes them there)")
     shown = ", ".join(p.name for p in list_runs(parent)[-5:]) or "none"
     raise RunNotFound(
         f"{ref}: not a run directory (no {MANIFEST} in {Path(ref)} or {parent / ref}); "

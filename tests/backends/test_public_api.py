@@ -50,7 +50,22 @@ def test_every_public_name_resolves() -> None:
     for name in api.__all__:
         assert getattr(api, name) is not None, name
     with pytest.raises(AttributeError):
-        _ = api.SuiteArgumentError  # private stays private
+        _ = api.StoreWriteError  # private stays private
+
+
+def test_every_error_a_public_docstring_names_is_public() -> None:
+    """``Suite.examples`` tells authors to raise ``SuiteArgumentError``: they import it from
+    here, and docs/api.md lists it."""
+    import re
+
+    documented = DOCS.read_text()
+    for name in api.__all__:
+        public = getattr(api, name)
+        members = vars(public).values() if isinstance(public, type) else ()
+        doc = "".join(getattr(o, "__doc__", None) or "" for o in (public, *members))
+        for error in set(re.findall(r"`(\w+Error)`", doc)):
+            assert error in api.__all__, f"{name}'s docstring names {error}"
+            assert f"`{error}`" in documented, error
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
@@ -108,6 +123,94 @@ def test_a_third_party_backend_runs_resumes_and_is_gated(project: Project, sim: 
     result = run(*args, "--mb-force")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*arithmetic exact_match 0.000 * vs baseline 0.900*regression*"])
+
+
+CAPPED = "return keys if item.num_examples < 0 else keys[: item.num_examples]"
+
+
+@pytest.mark.parametrize("honours", [True, False], ids=["as-documented", "ignoring-the-cap"])
+def test_the_worked_backend_takes_num_examples_and_one_that_does_not_is_warned(
+    project: Project, sim: Any, honours: bool
+) -> None:
+    """``--num-examples 5`` asks the documented backend 5 questions; a backend that ignores
+    the cap (the docs' earlier example) runs all 20 and is told so once, by its module."""
+    code = third_party_conftest()
+    assert CAPPED in code
+    (project.root / "benchmarks" / "conftest.py").write_text(
+        code if honours else code.replace(CAPPED, "return keys")
+    )
+    lookup = {f"What is {i} + 1?": (str(i + 1), f"not {i + 1}") for i in range(QUESTIONS)}
+    server = sim(accuracy=1.0, lookup=lookup)
+    project.models({"alpha": {"model": "sim-model", "api_base_url": server.base_url}})
+    project.env("arithmetic", [{"id": "arithmetic", "module": "arithmetic"}])
+    result = project.pytester.runpytest(
+        "benchmarks/", "--model", "alpha", "--mb-run-id", "r1", "--num-examples", "5"
+    )
+    result.assert_outcomes(passed=1)
+    asked = len([r for r in server.requests if r.path.endswith("completions")])
+    summary = _summary(project.root / "runs" / "r1")
+    warning = (
+        "*ExampleCapWarning: alpha-arithmetic-seed0: the backend of module 'arithmetic' "
+        "(conftest.Arithmetic) evaluated 20 examples where the item's num_examples is 5*"
+    )
+    if honours:
+        assert (asked, summary["n_rows"], summary["expected"]) == (5, 5, 5)
+        result.stdout.no_fnmatch_line("*ExampleCapWarning*")
+    else:
+        assert (asked, summary["n_rows"]) == (20, 20)
+        result.stdout.fnmatch_lines([warning])
+        assert len(result.stdout.str().split("ExampleCapWarning:")) == 2  # once
+
+
+OWN_SUITE = """
+from pytest_modelbench.api import Example, Score, SuiteArgumentError, SuiteBackend
+
+
+class Sums:
+    name = "sums"
+    primary_metric = "accuracy"
+    metrics = ("accuracy",)
+    tokens_per_example = 8
+    blocking_score = False
+
+    def data_checksum(self):
+        return "sums/1"
+
+    def examples(self, env_args, seed):
+        unknown = set(env_args) - {"size"}
+        if unknown:
+            raise SuiteArgumentError(f"unknown env arg {sorted(unknown)[0]!r}: sums takes size")
+        return [Example(id="s0", messages=({"role": "user", "content": "1+1?"},), gold="2")]
+
+    def score(self, example, completion):
+        return Score(metrics={"accuracy": float(completion.strip() == example.gold)})
+
+    def reference_completion(self, example):
+        return example.gold
+
+    def wrong_completion(self, example):
+        return "no"
+
+
+def pytest_modelbench_make_backend(config, module):
+    return SuiteBackend(Sums()) if module == "sums" else None
+"""
+
+
+def test_a_suite_written_against_the_api_refuses_an_env_arg_with_one_line(
+    project: Project,
+) -> None:
+    """The ``Suite`` docstring's ``SuiteArgumentError`` is importable from the public API, and
+    raising it errors the item with one line naming the variant, not a traceback."""
+    (project.root / "benchmarks" / "conftest.py").write_text(OWN_SUITE)
+    project.models({"alpha": {"model": "m", "api_base_url": "http://127.0.0.1:9/v1"}})
+    project.env("sums", [{"id": "sums", "module": "sums", "env_args": {"sise": 3}}])
+    result = project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-run-id", "r1")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["sums.yaml: variant 'sums': unknown env arg 'sise': sums takes size"]
+    )
+    result.stdout.no_fnmatch_line("*Traceback*")
 
 
 OLD_STYLE = '''

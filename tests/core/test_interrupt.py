@@ -52,6 +52,18 @@ def test_signal_marks_items_in_flight_interrupted(
     assert items["alpha-qa-seed0"]["status"] == "interrupted", output
     assert "alpha-qa-seed1" not in items or items["alpha-qa-seed1"]["status"] != "running"
     assert "Traceback" not in output.split("KeyboardInterrupt")[0]
+    # the summary lists the item stopped mid-run, says where the run is and how to resume it
+    summary = output.split("modelbench summary")[-1].splitlines()
+    assert any(
+        line.split()[:3] + line.split()[-1:] == ["alpha", "qa", "0", "interrupted"]
+        for line in summary
+    ), output
+    assert f"run store: {run_dir}" in summary, output
+    hint = (
+        "interrupted: the run store keeps every finished example; "
+        "re-running the same command resumes it"
+    )
+    assert summary[summary.index(f"run store: {run_dir}") + 1] == hint, output
 
 
 def test_resume_after_an_interrupt_finishes_the_item(project: Project, sim: Any) -> None:

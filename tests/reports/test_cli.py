@@ -194,3 +194,43 @@ def test_an_error_never_leaves_a_stale_verdict_in_the_store(
     assert EvalResult.load(item) is None  # made from another summary: stale
     ItemStore(item).clear_summary()
     assert not (item / "result.json").exists()
+
+
+def test_the_cli_finds_the_projects_runs_from_a_subdirectory_and_reports_the_latest(
+    project: Project, sim: Any
+) -> None:
+    """``cd benchmarks && modelbench runs`` reads the runs pytest wrote from the project's root
+    (found upwards as pytest finds its rootdir), and ``modelbench report`` without RUN reports
+    the latest of them, saying which."""
+    configure(project, sim(accuracy=1.0, lookup={}).base_url, n=3)
+    for run_id in ("first", "second"):
+        args = ("benchmarks/", "--model", "alpha", "--mb-run-id", run_id)
+        project.pytester.runpytest(*args).assert_outcomes(passed=1)
+    inside = project.root / "benchmarks"
+    for run_id in ("first", "second"):
+        (project.root / "runs" / run_id / "report.html").unlink()
+
+    listed = cli("runs", "--format", "json", cwd=inside)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == ["first", "second"]
+
+    reported = cli("report", cwd=inside)
+    assert reported.returncode == 0, reported.stderr
+    second = project.root / "runs" / "second"
+    assert reported.stdout.splitlines()[:2] == [
+        f"no RUN given: reporting the latest run, second ({second})",
+        "second: 1 items, status finished",
+    ]
+    assert (second / "report.html").exists()
+    assert not (project.root / "runs" / "first" / "report.html").exists()
+
+
+@pytest.mark.parametrize("command", [["runs"], ["report"]])
+def test_outside_any_project_the_cli_says_so_without_naming_a_flag(
+    tmp_path: Path, command: list[str]
+) -> None:
+    result = cli(*command, cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"modelbench {command[0]}: error: no project in {tmp_path} or above")
+    assert "--run-dir" not in line and "Traceback" not in result.stdout

@@ -89,6 +89,32 @@ def test_read_run_gives_each_item_a_typed_status_and_verdict(tmp_path: Path) -> 
     }
 
 
+def test_the_public_read_run_takes_a_str_refuses_a_wrong_path_and_prints_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``api.read_run("runs/x")`` as docs/api.md shows it; a path that is no run raises
+    ``api.RunNotFound`` with one line; ``print(run)`` is one line per object, not kilobytes."""
+    import pytest_modelbench.api as api
+
+    _three_items(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    run = api.read_run("runs/r1")
+    assert len(run.items) == 3
+    assert repr(run) == "RunLog('r1', status=error, items=3)"
+    assert repr(run.items[0]) == "RunItem('m-qa-seed0', status=finished, verdict=fail)"
+    assert repr(run.items[2]) == "RunItem('m-code-seed0', status=error, verdict=error)"
+    for wrong, why in [
+        ("nonexistent", "no such directory"),
+        ("runs", "no run_manifest.json there"),
+    ]:
+        with pytest.raises(api.RunNotFound) as caught:
+            api.read_run(Path(wrong))
+        message = str(caught.value)
+        assert message.startswith(f"{wrong}: not a run directory ({why}; "), message
+        assert "holds run_manifest.json" in message and "\n" not in message
+    assert issubclass(api.RunNotFound, FileNotFoundError)
+
+
 def test_a_record_of_another_summary_is_no_verdict(tmp_path: Path) -> None:
     run_dir = _three_items(tmp_path)
     summary_path = run_dir / "m-mc-seed0" / "summary.json"
