@@ -30,7 +30,11 @@ events (``serving/messages.py``):
   the keepers of its node (:class:`~.messages.GpusGiven`), which start replicas on them;
 * a worker without a GPU **shares** a running server of its node
   (:class:`~.messages.ShareServer`, ``serving/sharing.py``), whose owner withdraws it and
-  is told when the last sharer let go (:class:`~.messages.SharersGone`).
+  is told when the last sharer let go (:class:`~.messages.SharersGone`); while it finds
+  none and workers of the session hold the node's GPUs it **waits**
+  (:class:`~.messages.WaitGpus`), woken when GPUs of its node are given back
+  (:class:`~.messages.GpusGiven`), a server of its node is published or a worker ends
+  (:class:`~.messages.Wake`).
 
 A worker's end is its connection's close: the kernel closes a dead process's socket, and
 the exchange sees it at once (a node that vanishes without a word: after the WebSocket's
@@ -73,6 +77,7 @@ from pytest_modelbench.serving.messages import (
     SharersGone,
     ShareServer,
     Unshare,
+    WaitGpus,
     Wake,
     WantAnswer,
     WantServers,
@@ -164,6 +169,7 @@ class ExchangeBook:
     given: dict[str, set[str]] = field(default_factory=dict)  # node -> GPUs given back there
     nodes: int = 2  # the session's nodes: with one, helpers never wait for work
     served: dict[str, _Served] = field(default_factory=dict)  # owner -> its shared server
+    gpu_waiters: dict[str, str] = field(default_factory=dict)  # GPU-less worker -> its node
     rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -177,7 +183,7 @@ class ExchangeBook:
     def worker_down(self, worker: str) -> Events:
         with self._lock:
             self.down.add(worker)
-            return self._wake()
+            return self._wake() + self._wake_gpu_waiters()
 
     def want(self, want: WantServers) -> tuple[WantAnswer, Events]:
         """The keeper's step: returns how many leases are starting for it (units already
@@ -209,8 +215,26 @@ class ExchangeBook:
                 given.difference_update(note.gpus)
                 return []
             given.update(note.gpus)
-            keepers = sorted(w.keeper for w in self.wants.values() if w.node == note.node)
-            return [(keeper, GpusGiven(tuple(note.gpus))) for keeper in keepers]
+            keepers = {w.keeper for w in self.wants.values() if w.node == note.node}
+            keepers.update(w for w, node in self.gpu_waiters.items() if node == note.node)
+            return [(keeper, GpusGiven(tuple(note.gpus))) for keeper in sorted(keepers)]
+
+    def wait_gpus(self, worker: str, wait: WaitGpus) -> Events:
+        """``worker`` (without a GPU) waits on its node, or stopped waiting. Helpers waiting
+        for work are woken: one of its node gives its GPUs back instead."""
+        with self._lock:
+            if not wait.waiting:
+                self.gpu_waiters.pop(worker, None)
+                return []
+            self.gpu_waiters[worker] = wait.node
+            return self._wake()
+
+    def _wake_gpu_waiters(self, node: str | None = None) -> Events:
+        return [
+            (worker, Wake())
+            for worker, on in sorted(self.gpu_waiters.items())
+            if node is None or on == node
+        ]
 
     def release(self, release: Release) -> Events:
         """The keeper lets one lease (or, with None, every lease and its want) go."""
@@ -225,7 +249,8 @@ class ExchangeBook:
 
     def serve(self, ask: AskWork, live_url: str | None = None) -> tuple[Work | NoWork, Events]:
         """A helper asks for work: a :class:`Work`; ``local`` when a keeper of its own node
-        wants servers (it gives its GPUs back there instead); ``wait`` while items may still
+        wants servers or a worker of its node waits for GPUs (it gives its GPUs back there
+        instead); ``wait`` while items may still
         want some (a keeper runs, or a worker that is neither down nor helping). ``live_url``:
         where its live server (``ask.live``) serves, lent as it is to a keeper of another
         node that runs that launch."""
@@ -248,6 +273,8 @@ class ExchangeBook:
                     return Work(lease.id, want.key, dict(want.launch), lent=True), [
                         (want.keeper, ready)
                     ]
+            if ask.node in self.gpu_waiters.values():  # a worker of its node needs its GPUs
+                return NoWork(local=True), []
             wanted = [w for w in self.wants.values() if w.open > 0]
             local = [w for w in wanted if w.node == ask.node]
             if local:  # this helper's GPUs go back there: one unit fewer to find
@@ -282,9 +309,11 @@ class ExchangeBook:
             return [(lease.keeper, LeaseReady(lease.id, url))]
 
     # -- sharing a running server with the GPU-less workers of its node ------------------------
-    def publish(self, owner: str, publish: Publish) -> None:
+    def publish(self, owner: str, publish: Publish) -> Events:
+        """``owner``'s server is open to share: the workers waiting on its node look."""
         with self._lock:
             self.served[owner] = _Served(owner, publish.key, publish.node, publish.url)
+            return self._wake_gpu_waiters(publish.node)
 
     def withdraw(self, owner: str, withdraw: Withdraw) -> Withdrawn:
         """Nobody new shares ``owner``'s server; how many still send to it."""
@@ -344,6 +373,8 @@ class ExchangeBook:
                 events += self._let_go(served)
             self.helpers.discard(worker)
             self.waiting.discard(worker)
+            self.gpu_waiters.pop(worker, None)
+            events += self._wake_gpu_waiters()  # its GPUs are free, or its server gone
             if self.wants.pop(worker, None) is not None:
                 events += self._wake()
             for lease in list(self.leases.values()):
@@ -532,8 +563,9 @@ class Exchange:
             url = _url(connection.peer, live.port, live.tls) if live is not None else None
             return book.serve(message, url)
         if isinstance(message, Publish):
-            book.publish(connection.worker, message)
-            return Ack(), []
+            return Ack(), book.publish(connection.worker, message)
+        if isinstance(message, WaitGpus):
+            return Ack(), book.wait_gpus(connection.worker, message)
         if isinstance(message, Withdraw):
             return book.withdraw(connection.worker, message), []
         if isinstance(message, ShareServer):

@@ -793,7 +793,7 @@ def sharing_plan(workers: int, free_gpus: int, gpus_per_server: int = 1) -> str 
     return (
         f"{workers} workers, {_count(free_gpus, 'free GPU')}{per}: "
         f"{_count(extra, 'worker')} will share servers of their model with the others on "
-        "this node, or wait for a GPU to come free (up to the model's serve.startup_timeout)"
+        "this node, or wait for a GPU the session gives back"
     )
 
 

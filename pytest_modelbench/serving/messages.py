@@ -37,6 +37,7 @@ __all__ = [
     "SharedWith",
     "SharersGone",
     "Unshare",
+    "WaitGpus",
     "Wake",
     "WantAnswer",
     "WantServers",
@@ -141,8 +142,9 @@ class Work:
 
 @dataclass(frozen=True)
 class NoWork:
-    """No work now: ``local``, a keeper of the helper's node wants its GPUs; ``wait``, items
-    may still want servers (ask again when woken); neither, none will."""
+    """No work now: ``local``, a keeper of the helper's node wants its GPUs, or a worker of
+    its node waits for GPUs; ``wait``, items may still want servers (ask again when woken);
+    neither, none will."""
 
     type: ClassVar[str] = "no-work"
     local: bool = False
@@ -275,6 +277,18 @@ class GpusGiven:
 
 
 @dataclass(frozen=True)
+class WaitGpus:
+    """A worker without a GPU waits on its ``node`` for GPUs that workers of the session hold
+    there, or for a server to share (``waiting`` False: it stopped waiting). It is pushed
+    :class:`GpusGiven` when GPUs of its node are given back, and :class:`Wake` when a worker
+    ends or a server of its node is published."""
+
+    type: ClassVar[str] = "wait-gpus"
+    node: str
+    waiting: bool = True
+
+
+@dataclass(frozen=True)
 class Wake:
     """Pushed to waiting helpers: a want opened or a worker ended; ask for work again."""
 
@@ -305,6 +319,7 @@ Message: TypeAlias = (
     | Unshare
     | SharersGone
     | ShareLost
+    | WaitGpus
     | Wake
 )
 _TYPES: dict[str, type[Any]] = {
@@ -333,6 +348,7 @@ _TYPES: dict[str, type[Any]] = {
         Unshare,
         SharersGone,
         ShareLost,
+        WaitGpus,
         Wake,
     )
 }

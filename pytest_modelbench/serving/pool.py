@@ -11,13 +11,16 @@ model label; one whose weight file is misnamed is served from a shadow directory
 
 A worker of a session that finds no free GPU (more workers than GPUs) shares a running server
 of the same launch on its node for the item (``serving/sharing.py``, through the session's
-exchange: its requests join that server's queue), or waits for a GPU to come free, up to the model's start-up timeout.
+exchange: its requests join that server's queue), or waits for a GPU to come free: with no
+deadline while workers of its session hold the GPUs (they give them back when they end; the
+exchange wakes it), up to the model's start-up timeout when others hold them.
 """
 
 from __future__ import annotations
 
 import os
 import ssl
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +30,7 @@ from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.names import safe_component
 from pytest_modelbench.planning.plan import BUILT_IN_MODELS
 from pytest_modelbench.serving.gpus import GpuClaimer
+from pytest_modelbench.serving.messages import GpusGiven, Message, WaitGpus, Wake
 from pytest_modelbench.serving.replica_policy import ReplicaPolicy, ReplicaWarning
 from pytest_modelbench.serving.slot import (
     Launch,
@@ -54,6 +58,9 @@ __all__ = [
 ]
 
 SHARE_POLL_S = 0.5  # a worker without a GPU looks for one (or a server to share) this often
+# ... while workers of its session hold the GPUs, woken by the exchange's events; this look
+# only catches one it missed (a worker killed: its GPU lock may lapse after its socket closed)
+SESSION_LOOK_S = 5.0
 
 
 def default_cache_dir() -> Path:
@@ -98,6 +105,9 @@ class ServerPool:
             exchange=exchange,
         )
         self._waited_out: dict[str, str] = {}  # model -> the wait that timed out (no second one)
+        self._woken = threading.Event()  # the exchange pushed: GPUs given back, a worker ended
+        if exchange is not None:
+            exchange.listen(self._on_event)
 
     @property
     def starts(self) -> int:
@@ -224,53 +234,103 @@ class ServerPool:
         self.replicas.primary_started()
 
     # -- workers without a GPU ----------------------------------------------------------------
+    def _on_event(self, event: Message) -> None:
+        if isinstance(event, (GpusGiven, Wake)):
+            self._woken.set()
+
     def _share_or_wait(self, launch: Launch, no_gpu: Exception) -> SharedServer | tuple[str, ...]:
         """No free GPU, but workers of this session hold some: share a running server of
-        ``launch`` on this node, or claim GPUs once one comes free, whichever comes first,
-        within the launch's start-up timeout. Says which in one line."""
-        # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.base import ServingError
-        from pytest_modelbench.serving.channel import this_node
-        from pytest_modelbench.serving.sharing import share
+        ``launch`` on this node, or claim GPUs once one comes free, whichever comes first.
 
-        assert self.session is not None
+        With the session's exchange, the wait has no deadline while workers of this session
+        hold GPUs of this node (they give them back at their end, and the exchange sees a
+        dead one): it is woken by the exchange's events. Only GPUs held by others (another
+        session, another program) bound it to the launch's start-up timeout, counted from
+        when the session's workers held none. Without an exchange the whole wait is bounded.
+        Says what it waits for in one line."""
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.channel import this_node
+        from pytest_modelbench.serving.process import ctrl_c_raises
+
         if launch.model_name in self._waited_out:  # one wait per model: later items fail at once
             raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
         node = this_node()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.call(WaitGpus(node))
+        interrupted = False
+        try:  # Ctrl-C stops it at once, even in the item's event loop (whose handler would not)
+            with ctrl_c_raises():
+                return self._wait_for_gpu(launch, no_gpu, node)
+        except KeyboardInterrupt:
+            interrupted = True  # the worker ends at once: its connection's close says so
+            raise
+        finally:
+            if exchange is not None and not interrupted:
+                exchange.call(WaitGpus(node, waiting=False))
+
+    def _wait_for_gpu(
+        self, launch: Launch, no_gpu: Exception, node: str
+    ) -> SharedServer | tuple[str, ...]:
+        # lazily: serving loads only when a worker starts a server (pytest start-up)
+        from pytest_modelbench.serving.base import ServingError
+        from pytest_modelbench.serving.gpus import NoFreeGpuError, held_by_session
+        from pytest_modelbench.serving.sharing import share
+
+        assert self.session is not None
+        exchange = self.exchange
+        model = launch.model_name
         deadline = time.monotonic() + launch.timeout_s
-        waited = False
+        said = False
         while True:
-            found = share(self.exchange, launch.key, node) if self.exchange else None
+            self._woken.clear()  # before looking: an event from here on is not lost
+            found = share(exchange, launch.key, node) if exchange is not None else None
             if found is not None:
-                warnings.warn(
-                    SharedServerWarning(
-                        f"{launch.model_name}: no free GPU for worker {self.worker}; its item "
-                        f"shares worker {found.worker}'s server (requests join its queue)"
-                    ),
-                    stacklevel=4,
+                self._say(
+                    f"{model}: no free GPU for worker {self.worker}; its item shares worker "
+                    f"{found.worker}'s server (requests join its queue)"
                 )
                 return SharedServer(found, launch.served)
             try:
                 return self.gpus.try_claim(launch.gpus)
             except ServingError as exc:
                 no_gpu = exc
-            if time.monotonic() >= deadline:
-                self._waited_out[launch.model_name] = (
+            taken = no_gpu.taken if isinstance(no_gpu, NoFreeGpuError) else ()
+            ours = [gpu for gpu in taken if held_by_session((gpu,), self.session)]
+            now = time.monotonic()
+            if exchange is not None and ours:  # they give them back: no deadline
+                deadline = now + launch.timeout_s
+                if not said:
+                    said = True
+                    self._say(
+                        f"{model}: no free GPU for worker {self.worker}; waiting for GPU "
+                        f"{','.join(ours)}, held by workers of this session that give it back "
+                        f"when they end, or for a server of {model} on this node to share "
+                        "(not failing while the session holds the GPUs)"
+                    )
+                self._woken.wait(SESSION_LOOK_S)
+                continue
+            if now >= deadline:
+                others = "; the GPUs are held by other sessions or programs" if exchange else ""
+                self._waited_out[model] = (
                     f"waited {launch.timeout_s:.0f} s (serve.startup_timeout) for a GPU to come "
-                    f"free or a server of {launch.model_name} to share"
+                    f"free or a server of {model} to share{others}; raise serve.startup_timeout "
+                    "to wait longer"
                 )
-                raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
-            if not waited:
-                waited = True
-                warnings.warn(
-                    SharedServerWarning(
-                        f"{launch.model_name}: no free GPU for worker {self.worker}; waiting up "
-                        f"to {launch.timeout_s:.0f} s (serve.startup_timeout) for a GPU to come "
-                        "free or a server of the same model on this node to share"
-                    ),
-                    stacklevel=4,
+                raise EvaluationError(f"{no_gpu}; {self._waited_out[model]}")
+            if not said:
+                said = True
+                self._say(
+                    f"{model}: no free GPU for worker {self.worker}; waiting up to "
+                    f"{launch.timeout_s:.0f} s (serve.startup_timeout) for a GPU to come free "
+                    "or a server of the same model on this node to share"
                 )
-            time.sleep(min(SHARE_POLL_S, max(0.0, deadline - time.monotonic())))
+            self._woken.wait(min(SHARE_POLL_S, max(0.0, deadline - now)))
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """One line on the item (a warning, shown where the item is)."""
+        warnings.warn(SharedServerWarning(line), stacklevel=6)
 
     # -- while items run ----------------------------------------------------------------------
     def share(self, urls: UrlSet) -> None:

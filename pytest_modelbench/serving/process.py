@@ -27,7 +27,14 @@ from pytest_modelbench.running import blocking
 from pytest_modelbench.secrets import masked_argv
 from pytest_modelbench.serving.base import ServerStartError
 
-__all__ = ["ServerProcess", "death_cause", "free_port", "log_tail", "port_is_free"]
+__all__ = [
+    "ServerProcess",
+    "ctrl_c_raises",
+    "death_cause",
+    "free_port",
+    "log_tail",
+    "port_is_free",
+]
 
 LOG_TAIL_LINES = 40
 _PORT_IN_USE = ("Address already in use", "[Errno 98]", "address already in use")
@@ -107,7 +114,7 @@ ReadyProbe = Callable[[str], bool]
 
 
 @contextlib.contextmanager
-def _ctrl_c_raises() -> Iterator[None]:
+def ctrl_c_raises() -> Iterator[None]:
     """While a blocking wait runs, SIGINT raises KeyboardInterrupt in it (Python's default).
 
     ``asyncio.run`` replaces that handler with one that cancels its main task, which happens
@@ -218,7 +225,7 @@ class ServerProcess:
             raise RuntimeError(f"{self.label} is already running (pid {self.pid})")
         tries = 2  # a lost race for the port is retried once, on a fresh free port
         try:
-            with _ctrl_c_raises():
+            with ctrl_c_raises():
                 for attempt in range(tries):
                     self.port = port if port is not None and attempt == 0 else free_port(self.host)
                     try:

@@ -33,8 +33,10 @@ from pytest_modelbench.serving.messages import (
     Message,
     NoWork,
     Offer,
+    Publish,
     Release,
     SessionGpus,
+    WaitGpus,
     Wake,
     WantAnswer,
     WantServers,
@@ -95,6 +97,29 @@ def test_a_helper_serves_a_want_of_another_node_once() -> None:
     for worker in ("gw0", "gw2", "gw3", "gw4", "gw5"):
         book.worker_down(worker)
     assert book.serve(ask("gw1", "b"))[0] == NoWork()  # nobody left who could want one
+
+
+def test_a_worker_waiting_for_gpus_is_woken_by_events_of_its_node() -> None:
+    """A worker without a GPU waits on its node: it is pushed GPUs given back there, a server
+    published there and any worker's end, never another node's GPUs or servers; a helper of
+    its node gives its GPUs back (``local``) instead of waiting for work; once it stopped
+    waiting, nothing is pushed to it."""
+    book = ExchangeBook()
+    for worker in ("gw0", "gw1", "gw2"):
+        book.worker_up(worker)
+    assert book.serve(ask("gw2", "a"))[0] == NoWork(wait=True)  # gw0 and gw1 still run
+    assert book.wait_gpus("gw1", WaitGpus("a")) == [("gw2", Wake())]  # the helper asks again
+    assert book.serve(ask("gw2", "a"))[0] == NoWork(local=True)  # its GPUs go to gw1
+    assert book.serve(ask("gw3", "b"))[0] == NoWork(wait=True)  # another node's helper waits
+    assert book.session_gpus(SessionGpus("a", ("0",))) == [("gw1", GpusGiven(("0",)))]
+    assert book.session_gpus(SessionGpus("b", ("1",))) == []
+    book.publish("gw0", Publish("k", "b", "http://b:1/v1"))
+    assert book.publish("gw0", Publish("k", "a", "http://a:1/v1")) == [("gw1", Wake())]
+    assert ("gw1", Wake()) in book.gone("gw0")  # its GPUs are free, or its server gone
+    assert ("gw1", Wake()) in book.worker_down("gw0")
+    assert book.wait_gpus("gw1", WaitGpus("a", waiting=False)) == []
+    assert book.session_gpus(SessionGpus("a", ("2",))) == []
+    assert ("gw1", Wake()) not in book.gone("gw2")
 
 
 def test_a_keeper_gets_what_it_needs_however_late_it_hears() -> None:

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from tests.resume.conftest import kill_group, start_pytest
 from tests.serving.conftest import pid_alive
-from tests.serving.fakevllm import install, models, starts
+from tests.serving.fakevllm import install, models, serve_spec, starts, write_models
 
 
 def test_two_workers_one_gpu_same_model(
@@ -32,6 +35,156 @@ def test_two_workers_one_gpu_same_model(
     result.stdout.fnmatch_lines(["*2 workers, 1 free GPU: 1 worker will share servers*"])
     result.stdout.fnmatch_lines(["*m1: no free GPU for worker gw*"])
     assert {s["gpus"] for s in starts(log)} == {"0"}  # only ever on the one GPU
+
+
+def test_a_worker_waits_for_the_gpu_its_session_holds_past_the_startup_timeout(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers, one GPU, two models: the worker without the GPU gets the other model's
+    items while the GPU's worker still runs its own for longer than ``serve.startup_timeout``.
+    It waits (one line says so), woken by the exchange when the GPU comes back, and no item
+    fails; the old wait failed them after the start-up timeout."""
+    log = install(pytester.path, monkeypatch, seeds=(0, 1))
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "1.0")  # 2 rounds of 4 requests: ~2 s an item
+    short = {**serve_spec(1), "serve": {**serve_spec(1)["serve"], "startup_timeout": 3}}
+    write_models(pytester.path, {name: {"model": name, **short} for name in ("m1", "m2")})
+    result = pytester.runpytest_subprocess(
+        "benchmarks/", "--model", "m1,m2", "-n", "2", "-p", "no:randomly", "-W", "always"
+    )
+    result.assert_outcomes(passed=4)
+    waiting = [
+        line
+        for line in result.outlines
+        if "no free GPU for worker gw" in line and "held by workers of this session" in line
+    ]
+    assert len(waiting) == 1, result.stdout.str()
+    assert "waiting for GPU 0" in waiting[0] and "not failing" in waiting[0]
+    assert {s["gpus"] for s in starts(log)} == {"0"}
+
+
+def test_ctrl_c_while_a_worker_waits_for_the_sessions_gpu(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the worker without a GPU waits for the one its session holds: pytest ends
+    (interrupted), and no engine is left behind."""
+    log = install(pytester.path, monkeypatch, seeds=(0, 1, 2))
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0")
+    monkeypatch.setenv("FAKE_VLLM_LATENCY", "1.0")
+    short = {**serve_spec(1), "serve": {**serve_spec(1)["serve"], "startup_timeout": 1}}
+    write_models(pytester.path, {name: {"model": name, **short} for name in ("m1", "m2")})
+    out = pytester.path / "pytest.log"
+    proc = start_pytest(pytester.path, "benchmarks/", "--model", "m1,m2", "-n", "2", log=out)
+    requests = pytester.path / "requests.jsonl"
+    try:
+        deadline = time.monotonic() + 60
+        while not (requests.exists() and requests.read_text().count("\n") >= 4):
+            assert proc.poll() is None, out.read_text(errors="replace")
+            assert time.monotonic() < deadline, "the items never ran"
+            time.sleep(0.05)
+        time.sleep(1.5)  # the other worker is past its 1 s start-up timeout, still waiting
+        assert len(starts(log)) == 1
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        kill_group(proc)
+    output = out.read_text(errors="replace")
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "error" not in output.splitlines()[-1], output  # no item failed for want of a GPU
+    assert len(starts(log)) == 1, output
+    assert [s["pid"] for s in starts(log) if pid_alive(s["pid"])] == [], output
+
+
+HOLDER = """
+import sys
+from pytest_modelbench.serving.gpus import claim
+held = claim(1, option=sys.argv[1], session=sys.argv[2])
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_gpu(gpu: str, session: str) -> subprocess.Popen[str]:
+    """A process that claims ``gpu`` for ``session`` until its stdin closes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, gpu, session],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_gpus_held_by_others_still_fail_after_the_startup_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a worker of its session holds the GPU, a worker without one waits past the
+    start-up timeout. Once only others hold GPUs (another session's claim, another program's
+    memory), the wait is bounded again: it fails after the timeout, naming the holders and
+    the fix."""
+    from pytest_modelbench.errors import EvaluationError
+    from pytest_modelbench.serving import pool as pool_module
+    from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from, this_node
+    from pytest_modelbench.serving.exchange import Exchange
+    from pytest_modelbench.serving.gpus import NoFreeGpuError
+    from pytest_modelbench.serving.pool import ServerPool
+    from pytest_modelbench.serving.slot import Launch
+
+    monkeypatch.setenv("MODELBENCH_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:0,1:0")
+    monkeypatch.setattr(pool_module, "SESSION_LOOK_S", 0.5)  # no event: the holder is no worker
+    session = "s1"
+    ours, foreign = hold_gpu("0", session), hold_gpu("1", "another-session")
+    exchange = Exchange()
+    exchange.start()
+    client = client_from({WORKERINPUT_KEY: exchange.workerinput("popen"), "workerid": "gw1"}, {})
+    assert client is not None
+    try:
+        pool = ServerPool(tmp_path / "run", session=session, exchange=client)
+        with pytest.raises(NoFreeGpuError) as no_gpu:
+            pool.gpus.gpus(1, "m1")  # the session holds GPU 0: the item waits
+        launch = Launch("m1", "m1", "m1", {}, 1, 1.0)
+        failed: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                pool._share_or_wait(launch, no_gpu.value)
+            except BaseException as exc:  # what the item would get
+                failed.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            waiter.start()
+            time.sleep(2.5)  # well past the 1 s start-up timeout
+            assert waiter.is_alive() and not failed, failed
+            assert exchange.book.gpu_waiters == {"gw1": this_node()}
+            # GPU 0 comes back to the session, but another program's job takes its memory
+            monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:40000,1:0")
+            assert ours.stdin is not None
+            ours.stdin.close()
+            ours.wait(10)
+            waiter.join(20)
+        assert not waiter.is_alive()
+        assert len(failed) == 1 and isinstance(failed[0], EvaluationError), failed
+        message = str(failed[0])
+        assert "\n" not in message
+        assert f"pid={foreign.pid}" in message and "session=another-session" in message
+        assert "busy (> 1024 MiB in use): 0" in message
+        assert "use fewer xdist workers (-n)" in message
+        assert "waited 1 s (serve.startup_timeout)" in message
+        assert "held by other sessions or programs" in message
+        lines = [str(w.message) for w in said if "no free GPU for worker" in str(w.message)]
+        assert len(lines) == 1 and "held by workers of this session" in lines[0], lines
+        assert exchange.book.gpu_waiters == {}
+    finally:
+        for proc in (ours, foreign):
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+            proc.wait(10)
+        client.close()
+        exchange.close()
 
 
 def test_two_workers_one_gpu_busy(
