@@ -39,6 +39,7 @@ and best of every figure, and each side's medians over the first side's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -380,7 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries = args.side or [f"tree={WORKTREE}"]
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mb-fixed-", dir=args.keep) as tmp:
+    with (
+        contextlib.nullcontext(str(args.keep))
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="mb-fixed-")
+    ) as tmp:
         work = Path(tmp)
         sides = [resolve(entry, work, args.extras) for entry in entries]
         project, empty = prepare(work)
