@@ -35,8 +35,8 @@ from pytest_modelbench.store.runlog import (
     PROJECT_FILES,
     RUNS,
     RunNotFound,
-    find_project_root,
     list_runs,
+    project_runs_dir,
     read_run,
     resolve_run,
 )
@@ -165,8 +165,7 @@ def _runs_dir(args: argparse.Namespace) -> Path | None:
     directory up, as pytest finds its rootdir), else None: no project here."""
     if args.run_dir is not None:
         return Path(args.run_dir)
-    root = find_project_root(Path.cwd())
-    return root / RUNS if root is not None else None
+    return project_runs_dir(Path.cwd())
 
 
 def _no_project() -> CliError:

@@ -499,7 +499,6 @@ class ItemEvaluator:
                 )
             examples: set[str] = set()
             summary = summarise(rows, outcome, examples)
-            _warn_over_cap(item, backend, examples)
         except EvaluationError as exc:
             item_store.fail(str(exc))
             raise
@@ -525,6 +524,7 @@ class ItemEvaluator:
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
         item_store.finish(summary, _entry(item, summary))
+        _warn_over_cap(item, backend, examples)  # after the finish: -W error loses nothing
         if over_budget:
             raise EvaluationError(
                 f"{item.item_id}: {summary.errors} of {summary.expected} examples failed "

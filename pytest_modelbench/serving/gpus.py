@@ -616,6 +616,7 @@ def claim(
         inventory = discover_gpus(option, environ=environ, probe=probe)
         if not inventory.gpus:
             return GpuClaim((), inventory.source)
+        _check_enough(n_per_server, inventory)
         if n_per_server > 1 and warn_tensor_parallel:
             warn_if_tensor_parallel(n_per_server)
         _ensure_lock_dir(lock_dir)
@@ -648,6 +649,15 @@ def claim(
                 [g.id for g in busy],
             )
         time.sleep(min(2.0, max(0.05, end - time.monotonic())))
+
+
+def _check_enough(n_per_server: int, inventory: GpuInventory) -> None:
+    """More GPUs per server than the node has are never free, however long one waits."""
+    if n_per_server > len(inventory.gpus):
+        raise ServingError(
+            f"serve.gpus is {n_per_server}, but this node has {len(inventory.gpus)} "
+            f"GPU(s) ({inventory.source}): set serve.gpus to at most {len(inventory.gpus)}"
+        )
 
 
 def held_by_session(gpus: Sequence[str], session: str, lock_dir: Path | None = None) -> bool:

@@ -256,8 +256,6 @@ class ServerPool:
             raise EvaluationError(f"{no_gpu}; {self._waited_out[launch.model_name]}")
         node = this_node()
         exchange = self.exchange
-        if exchange is not None:
-            exchange.call(WaitGpus(node))
         interrupted = False
         try:  # Ctrl-C stops it at once, even in the item's event loop (whose handler would not)
             with ctrl_c_raises():
@@ -298,7 +296,10 @@ class ServerPool:
             taken = no_gpu.taken if isinstance(no_gpu, NoFreeGpuError) else ()
             ours = [gpu for gpu in taken if held_by_session((gpu,), self.session)]
             now = time.monotonic()
-            if exchange is not None and ours:  # they give them back: no deadline
+            # they give them back: no deadline, while the exchange has this wait on its book
+            # (said again at every look: a reconnect or a lost reply must not drop it, or no
+            # worker of this node would know to give its GPUs back)
+            if ours and exchange is not None and exchange.call(WaitGpus(node)) is not None:
                 deadline = now + launch.timeout_s
                 if not said:
                     said = True

@@ -10,8 +10,10 @@ decided by one rule. A run directory named on a command line (``modelbench repor
 
 from __future__ import annotations
 
+import configparser
 import datetime as dt
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,11 @@ from pytest_modelbench.store.result import EvalResult
 from pytest_modelbench.store.runstore import MANIFEST, RunStore
 from pytest_modelbench.store.summary import ItemSummary
 from pytest_modelbench.store.verdict import Verdict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest's own dependency on 3.10
+    import tomli as tomllib
 
 RUNS = "runs"  # the run directories' parent, relative to the project's root (the rootdir)
 PROJECT_FILES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
@@ -224,15 +231,69 @@ def read_run(
 
 # -- finding run directories -------------------------------------------------------------------
 def find_project_root(start: Path) -> Path | None:
-    """The nearest directory from ``start`` up holding a pytest configuration file or a
-    ``configs/`` directory: the rootdir pytest would run the project from, whose ``runs/``
-    the plugin writes (``--run-dir`` is taken from there). None when there is none."""
+    """The directory pytest would take as the rootdir from ``start``: the nearest one up
+    holding a pytest configuration (``pytest.ini``, ``.pytest.ini``, or a ``pyproject.toml``,
+    ``tox.ini`` or ``setup.cfg`` with a pytest section), else the nearest with a ``configs/``
+    directory; the plugin writes ``runs/`` there. None when there is neither."""
+    return _ini_dir(start) or next(
+        (d for d in (start, *start.parents) if any((d / n).is_dir() for n in PROJECT_DIRS)),
+        None,
+    )
+
+
+def project_runs_dir(start: Path) -> Path | None:
+    """Where the plugin writes run directories for a session started in ``start``: the
+    rootdir's ``modelbench_run_dir`` (ini), else its ``runs/``; None outside a project. (A
+    job file's ``output_dir`` is known only to that job's session: ``--run-dir`` names it.)"""
+    root = find_project_root(start)
+    if root is None:
+        return None
+    configured = _ini_values(root).get("modelbench_run_dir")
+    parent = Path(str(configured).strip()) if configured and str(configured).strip() else None
+    return root / (parent or Path(RUNS))
+
+
+def _ini_dir(start: Path) -> Path | None:
     for directory in (start, *start.parents):
-        if any((directory / name).is_file() for name in PROJECT_FILES) or any(
-            (directory / name).is_dir() for name in PROJECT_DIRS
-        ):
+        if any((directory / name).is_file() for name in PROJECT_FILES[:2]):
+            return directory
+        if any(_pytest_section(directory / name) is not None for name in PROJECT_FILES[2:]):
             return directory
     return None
+
+
+def _pytest_section(path: Path) -> dict[str, object] | None:
+    """The pytest section of ``path`` (pyproject.toml, tox.ini, setup.cfg), or None."""
+    if not path.is_file():
+        return None
+    try:
+        if path.name == "pyproject.toml":
+            tool = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {})
+            section = tool.get("pytest", {}).get("ini_options") if isinstance(tool, dict) else None
+            return dict(section) if isinstance(section, dict) else None
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read(path, encoding="utf-8")
+        name = "tool:pytest" if path.name == "setup.cfg" else "pytest"
+        return dict(parser[name]) if parser.has_section(name) else None
+    except (OSError, ValueError, configparser.Error):
+        return None
+
+
+def _ini_values(root: Path) -> dict[str, object]:
+    """The pytest ini values of the rootdir's configuration file (the first pytest reads)."""
+    for name in PROJECT_FILES:
+        path = root / name
+        if name in PROJECT_FILES[:2] and path.is_file():  # pytest.ini: even without a section
+            parser = configparser.ConfigParser(interpolation=None)
+            try:
+                parser.read(path, encoding="utf-8")
+            except (OSError, configparser.Error):
+                return {}
+            return dict(parser["pytest"]) if parser.has_section("pytest") else {}
+        section = _pytest_section(path) if name not in PROJECT_FILES[:2] else None
+        if section is not None:
+            return section
+    return {}
 
 
 def list_runs(
@@ -285,7 +346,7 @@ def resolve_run(ref: str, parent: Path) -> Path:
     if found is not None:
         return found
     if ref == LATEST:
-        raise RunNotFound(f"latest: no runs under {parent} yet (pytest writes them there)")
+        raise RunNotFound(f"latest: no runs under {parent} yet")
     shown = ", ".join(p.name for p in list_runs(parent)[-5:]) or "none"
     raise RunNotFound(
         f"{ref}: not a run directory (no {MANIFEST} in {Path(ref)} or {parent / ref}); "

@@ -160,6 +160,13 @@ def test_the_worked_backend_takes_num_examples_and_one_that_does_not_is_warned(
         assert (asked, summary["n_rows"]) == (20, 20)
         result.stdout.fnmatch_lines([warning])
         assert len(result.stdout.str().split("ExampleCapWarning:")) == 2  # once
+        # as an error (-W error), the warning errors the test but the item is finished and kept
+        strict = project.pytester.runpytest(
+            "benchmarks/", "--model", "alpha", "--mb-run-id", "r2", "--num-examples", "5",
+            "-W", "error::UserWarning",
+        )  # fmt: skip
+        strict.assert_outcomes(errors=1)  # raised in mb_eval's setup
+        assert _summary(project.root / "runs" / "r2")["status"] == "finished"
 
 
 OWN_SUITE = """

@@ -234,3 +234,22 @@ def test_outside_any_project_the_cli_says_so_without_naming_a_flag(
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"modelbench {command[0]}: error: no project in {tmp_path} or above")
     assert "--run-dir" not in line and "Traceback" not in result.stdout
+
+
+def test_the_cli_reads_the_run_dir_the_ini_names_and_skips_a_pyproject_without_pytest(
+    project: Project, sim: Any
+) -> None:
+    """``modelbench_run_dir = results`` in the rootdir's ini: the plugin writes there, and so
+    the CLI reads there; a ``pyproject.toml`` without a pytest section in a subdirectory is
+    not the rootdir (pytest passes it by too)."""
+    configure(project, sim(accuracy=1.0, lookup={}).base_url, n=3)
+    ini = project.root / "pytest.ini"
+    ini.write_text(ini.read_text() + "modelbench_run_dir = results\n" if ini.exists() else
+                   "[pytest]\nmodelbench_run_dir = results\n")  # fmt: skip
+    project.pytester.runpytest("benchmarks/", "--model", "alpha", "--mb-run-id", "r1")
+    assert (project.root / "results" / "r1").is_dir()
+    inside = project.root / "benchmarks"
+    (inside / "pyproject.toml").write_text("[project]\nname = 'bench'\n")
+    listed = cli("runs", "--format", "json", cwd=inside)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == ["r1"]

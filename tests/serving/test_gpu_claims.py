@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_modelbench.serving.base import ServingError
 from pytest_modelbench.serving.gpus import (
     FAKE_ENV,
     FakeGpuProvider,
@@ -269,3 +270,15 @@ def test_concurrent_pairs_and_lock_dropped_on_sigkill(
     with claim(1, tmp_path) as mine:  # the kernel dropped the dead process's locks
         assert mine.gpus[0] in pairs[0]
     procs[1].communicate("")
+
+
+def test_more_gpus_per_server_than_the_node_has_fails_at_once(
+    gpu_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Not a wait for GPUs to come free (a worker without a GPU would wait for the session's
+    end): one line with the node's count and the fix, whatever ``wait_s`` allows."""
+    gpu_env.setenv(FAKE_ENV, "0:0,1:0")
+    with pytest.raises(ServingError, match=r"^serve.gpus is 3, but this node has 2 GPU") as got:
+        claim(3, tmp_path, wait_s=600.0)
+    assert not isinstance(got.value, NoFreeGpuError)
+    assert "set serve.gpus to at most 2" in str(got.value)

@@ -160,6 +160,10 @@ def test_gpus_held_by_others_still_fail_after_the_startup_timeout(
             time.sleep(2.5)  # well past the 1 s start-up timeout
             assert waiter.is_alive() and not failed, failed
             assert exchange.book.gpu_waiters == {"gw1": this_node()}
+            with exchange.book._lock:  # the registration is lost (a reconnect, a lost reply)
+                exchange.book.gpu_waiters.clear()
+            time.sleep(1.5)  # the waiter says it again at its next look
+            assert exchange.book.gpu_waiters == {"gw1": this_node()}
             # GPU 0 comes back to the session, but another program's job takes its memory
             monkeypatch.setenv("MODELBENCH_FAKE_GPUS", "0:40000,1:0")
             assert ours.stdin is not None
