@@ -98,6 +98,7 @@ class ExchangeClient:
         self.nodes = nodes  # the session's nodes: with one, nobody serves another's item
         self.failure: str | None = None
         self._listeners: list[Callable[[Message], None]] = []
+        self._on_failure: list[Callable[[], None]] = []
         self._failures = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -117,6 +118,12 @@ class ExchangeClient:
         """Give every event the exchange pushes to ``listener`` too (called in the channel's
         thread: it must not block)."""
         self._listeners.append(listener)
+
+    def when_failed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the channel's thread: it must not block) once the connection
+        is lost for good and :attr:`failure` says why, so that nobody waits for an event that
+        will never be pushed."""
+        self._on_failure.append(callback)
 
     def call(self, message: Message) -> Message | None:
         """The exchange's reply to ``message``; None when it cannot be had."""
@@ -207,30 +214,53 @@ class ExchangeClient:
             return socket
 
     async def _read(self, socket: ClientWebSocketResponse[bool]) -> None:
-        """Replies to their calls, events to the listener, until the exchange closes."""
+        """Replies to their calls, events to the listener, until the connection ends: however
+        it ends (the exchange closed it, or the socket failed, as when a pong cannot be sent
+        after this process stalled past the heartbeat), the worker is told and its pending
+        calls fail at once."""
         import aiohttp
 
-        async for frame in socket:
-            if frame.type != aiohttp.WSMsgType.TEXT:
-                continue
+        why = "closed the connection"
+        try:
+            async for frame in socket:
+                if frame.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                try:
+                    ref, message = decode(frame.data)
+                except ValueError:
+                    continue
+                waiter = self._pending.get(ref) if ref else None
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(message)
+                elif not ref:
+                    self._tell(message)
+        except Exception as exc:  # any end of the socket is the channel's end
+            why = f"could not be read ({type(exc).__name__}: {exc})"
+        finally:
+            self._lost(f"the session's exchange at {self.url}: the connection {why}")
+
+    def _tell(self, message: Message) -> None:
+        for listener in list(self._listeners):
             try:
-                ref, message = decode(frame.data)
-            except ValueError:
+                listener(message)
+            except Exception:  # a listener's bug must not close the channel
                 continue
-            waiter = self._pending.get(ref) if ref else None
-            if waiter is not None and not waiter.done():
-                waiter.set_result(message)
-            elif not ref:
-                for listener in list(self._listeners):
-                    try:
-                        listener(message)
-                    except Exception:  # a listener's bug must not close the channel
-                        continue
+
+    def _lost(self, why: str) -> None:
+        """The connection ended: unless this worker closed it, calls stop, pending ones fail,
+        and whoever waits for an event is told."""
         if self._loop is not None and self.failure is None:  # not closed by this worker
-            self.failure = f"the session's exchange at {self.url} closed the connection"
+            self.failure = why
         for waiter in self._pending.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError(self.failure or "closed"))
+        if self.failure is None:
+            return
+        for callback in list(self._on_failure):
+            try:
+                callback()
+            except Exception:  # a callback's bug must not hide the failure from the others
+                continue
 
     async def _shutdown(self) -> None:
         if self._socket is not None:

@@ -707,3 +707,33 @@ def test_a_server_for_other_nodes_serves_tls_to_the_session_only(
     assert not list(private.iterdir())  # removed when it stops
     assert "PRIVATE KEY" not in (tmp_path / "server.log").read_text()
     assert "PRIVATE KEY" not in repr(worker)  # nor in a traceback's locals
+
+
+def test_a_socket_that_fails_is_the_channels_end_and_wakes_who_waits() -> None:
+    """A read that raises (a pong that cannot be sent once the worker stalled past the
+    heartbeat) fails the channel at once: calls stop and whoever waits for an event is told."""
+    import aiohttp
+
+    exchange = Exchange()
+    exchange.start()
+    try:
+        keeper = Party(exchange.workerinput("popen"), "gw0")
+        assert keeper.client.call(want(1)) == WantAnswer(0)
+        failed = threading.Event()
+        keeper.client.when_failed(failed.set)
+        socket_ = keeper.client._socket
+        assert socket_ is not None
+
+        async def broken() -> aiohttp.WSMessage:
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+        socket_.receive = broken  # type: ignore[method-assign]  # from its next frame on
+        exchange.book.waiting.add("gw0")
+        exchange.worker_down("gw9")  # Wake pushed to gw0: its read returns, the next raises
+        assert keeper.next() == Wake()
+        assert failed.wait(10)
+        assert keeper.client.failure is not None
+        assert "ClientConnectionResetError" in keeper.client.failure
+        assert keeper.client.call(want(1)) is None
+    finally:
+        exchange.close()
