@@ -210,7 +210,11 @@ class ExchangeClient:
             hello: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
             self._pending[self._ref] = hello
             await socket.send_str(encode(Hello(self.worker), self._ref))
-            await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            answer = await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            if isinstance(answer, Ack) and answer.error is not None:  # refused for good
+                self.failure = f"the session's exchange at {self.url} refused: {answer.error}"
+                await socket.close()
+                raise OSError(self.failure)
             return socket
 
     async def _read(self, socket: ClientWebSocketResponse[bool]) -> None:

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_modelbench.secrets import remember
 from pytest_modelbench.serving.messages import (
     PATH,
+    SCHEMA_VERSION,
     Ack,
     AskWork,
     GpusGiven,
@@ -192,6 +193,9 @@ class ExchangeBook:
                     events += self._end(lease)
                 elif not lease.ready:
                     starting += 1
+            gpus = want.launch.get("gpus", 1)
+            if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+                raise ValueError(f"want: the launch's gpus is not a count ({gpus!r:.50})")
             open_ = max(0, want.need - starting)
             old = self.wants.get(want.keeper)
             new = _Want(want.keeper, want.node, want.key, dict(want.launch), open_, want.lend)
@@ -253,7 +257,7 @@ class ExchangeBook:
             if local:  # this helper's GPUs go back there: one unit fewer to find
                 local[0].open -= 1
                 return NoWork(local=True), []
-            fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == ask.gpus]
+            fits = [w for w in wanted if w.launch.get("gpus", 1) == ask.gpus]
             if not fits:
                 if self.nodes < 2:  # nobody else will want this helper's GPUs
                     return NoWork(), []
@@ -282,20 +286,33 @@ class ExchangeBook:
             return [(lease.keeper, LeaseReady(lease.id, url))]
 
     # -- sharing a running server with the GPU-less workers of its node ------------------------
-    def publish(self, owner: str, publish: Publish) -> None:
+    def publish(self, owner: str, publish: Publish) -> Events:
+        """``owner``'s running server; one it published before is gone (its sharers are
+        told)."""
         with self._lock:
+            events = self._lose(owner, "its worker published another server in its place")
             self.served[owner] = _Served(owner, publish.key, publish.node, publish.url)
+            return events
 
-    def withdraw(self, owner: str, withdraw: Withdraw) -> Withdrawn:
-        """Nobody new shares ``owner``'s server; how many still send to it."""
+    def withdraw(self, owner: str, withdraw: Withdraw) -> tuple[Withdrawn, Events]:
+        """Nobody new shares ``owner``'s server; how many still send to it. With
+        ``withdraw.lost`` its sharers lose it now (told why), and none is waited for."""
         with self._lock:
             served = self.served.get(owner)
             if served is None or served.key != withdraw.key:
-                return Withdrawn(0)
+                return Withdrawn(0), []
+            if withdraw.lost is not None:
+                return Withdrawn(0), self._lose(owner, withdraw.lost)
             served.withdrawn = True
             if not served.sharers:
                 del self.served[owner]
-            return Withdrawn(len(served.sharers))
+            return Withdrawn(len(served.sharers)), []
+
+    def _lose(self, owner: str, note: str) -> Events:
+        served = self.served.pop(owner, None)
+        if served is None:
+            return []
+        return [(w, ShareLost(h, note)) for h, w in served.sharers.items()]
 
     def share(self, sharer: str, share: ShareServer) -> SharedWith | NoWork:
         """A running server of the launch on the sharer's node (the one fewest share), or
@@ -335,9 +352,7 @@ class ExchangeBook:
             events: Events = []
             for served in list(self.served.values()):
                 if served.owner == worker:
-                    del self.served[worker]
-                    note = f"its worker {worker} ended"
-                    events += [(w, ShareLost(h, note)) for h, w in served.sharers.items()]
+                    events += self._lose(worker, f"its worker {worker} ended")
                     continue
                 for handle in [h for h, w in served.sharers.items() if w == worker]:
                     del served.sharers[handle]
@@ -502,6 +517,14 @@ class Exchange:
                     if not isinstance(message, Hello):
                         await socket.send_str(encode(Ack(error="hello first"), ref))
                         continue
+                    if message.schema_version != SCHEMA_VERSION:
+                        refused = (
+                            f"worker {message.worker} speaks version {message.schema_version} "
+                            f"of the exchange's messages, the controller {SCHEMA_VERSION}: "
+                            "install the same pytest-modelbench on every node"
+                        )
+                        await socket.send_str(encode(Ack(error=refused), ref))
+                        break
                     connection = _Connection(
                         message.worker,
                         socket,
@@ -511,7 +534,10 @@ class Exchange:
                     self.connections[message.worker] = connection
                     await socket.send_str(encode(Ack(), ref))
                     continue
-                reply, events = self._handle(connection, message)
+                try:
+                    reply, events = self._handle(connection, message)
+                except Exception as exc:  # a peer's bad request fails that request only
+                    reply, events = Ack(error=f"{message.type}: {type(exc).__name__}: {exc}"), []
                 await socket.send_str(encode(reply, ref))
                 await self._push(events)
         finally:
@@ -532,10 +558,9 @@ class Exchange:
             url = _url(connection.peer, live.port, live.tls) if live is not None else None
             return book.serve(message, url)
         if isinstance(message, Publish):
-            book.publish(connection.worker, message)
-            return Ack(), []
+            return Ack(), book.publish(connection.worker, message)
         if isinstance(message, Withdraw):
-            return book.withdraw(connection.worker, message), []
+            return book.withdraw(connection.worker, message)
         if isinstance(message, ShareServer):
             return book.share(connection.worker, message), []
         if isinstance(message, Unshare):

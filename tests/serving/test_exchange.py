@@ -737,3 +737,72 @@ def test_a_socket_that_fails_is_the_channels_end_and_wakes_who_waits() -> None:
         assert keeper.client.call(want(1)) is None
     finally:
         exchange.close()
+
+
+def test_malformed_requests_of_a_peer_get_an_error_and_harm_nobody_else() -> None:
+    """Fields of the wrong type are refused where messages are decoded, a request the book
+    cannot take fails that request only, and a worker of another version is refused in one
+    line."""
+    import asyncio
+
+    import aiohttp
+
+    exchange = Exchange()
+    exchange.start()
+    given = exchange.workerinput("popen")
+
+    async def send(frames: list[dict[str, object]], *, refused: bool = False) -> list[object]:
+        context = SessionTls.of(given["tls"]).client_context()
+        url = f"https://127.0.0.1:{exchange.port}/exchange"
+        headers = {"Authorization": f"Bearer {given['token']}"}
+        replies: list[object] = []
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(url, headers=headers, ssl=context) as ws,
+        ):
+            for ref, frame in enumerate(frames, 1):
+                await ws.send_str(json.dumps({"ref": ref, "msg": frame}))
+                reply = await asyncio.wait_for(ws.receive(), 10)
+                replies.append(
+                    reply.json()["msg"] if reply.type == aiohttp.WSMsgType.TEXT else None
+                )
+            if refused:  # then the exchange closes the socket
+                replies.append((await asyncio.wait_for(ws.receive(), 10)).type)
+        return replies
+
+    def error(reply: object) -> str:
+        assert isinstance(reply, dict) and reply["type"] == "ack", reply
+        return str(reply["error"])
+
+    try:
+        hello = {"type": "hello", "worker": "gw3"}
+        want_ = {"type": "want", "keeper": "gw3", "node": "a", "key": "k", "launch": LAUNCH}
+        first = asyncio.run(
+            send([
+                {"type": "hello", "worker": {}},
+                hello,
+                {**want_, "need": "2"},
+                {**want_, "launch": {**LAUNCH, "gpus": None}, "need": 1},
+                {"type": "ask-work", "helper": "gw3", "node": "b", "gpus": 1,
+                 "live": {"type": "live", "key": "k", "port": "x", "tls": True}},
+            ])
+        )  # fmt: skip
+        assert "hello: worker is not a str" in error(first[0])
+        assert error(first[1]) == "None"  # the hello, after a refused one
+        assert "want: need is not a int ('2')" in error(first[2])
+        assert "gpus is not a count (None)" in error(first[3])
+        assert "live: port is not a int" in error(first[4])
+        assert exchange.book.wants == {}  # nothing stored that fails others' requests
+        exchange.book.workers.add("gw0")
+        helper = Party(given, "gw1")
+        assert helper.client.call(ask("gw1", "b")) == NoWork(wait=True)
+        assert helper.client.failure is None
+
+        other = asyncio.run(send([{**hello, "schema_version": 99}], refused=True))
+        assert error(other[0]) == (
+            "worker gw3 speaks version 99 of the exchange's messages, the controller 1: "
+            "install the same pytest-modelbench on every node"
+        )
+        assert other[1] in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    finally:
+        exchange.close()
