@@ -100,6 +100,7 @@ class ExchangeClient:
         self._listeners: list[Callable[[Message], None]] = []
         self._on_failure: list[Callable[[], None]] = []
         self._failures = 0
+        self._closed = False  # by this worker: no call starts the channel again
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -130,6 +131,8 @@ class ExchangeClient:
         if self.failure is not None:  # gone, or unreachable: replicas across nodes are off
             return None
         loop = self._start()
+        if loop is None:  # closed by this worker
+            return None
         future = asyncio.run_coroutine_threadsafe(self._call(message), loop)
         try:
             reply = future.result(timeout=CALL_TIMEOUT_S * 3)
@@ -145,8 +148,10 @@ class ExchangeClient:
 
     def close(self) -> None:
         """Close the connection (the exchange takes it as this worker's end) and its thread."""
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
         if loop is not None and thread is not None:
             # lazily: aiohttp loads only for a session with an exchange
             from pytest_modelbench.running.router import stop_loop
@@ -157,9 +162,9 @@ class ExchangeClient:
         return f"ExchangeClient({self.url})"
 
     # -- the channel's thread --------------------------------------------------------------
-    def _start(self) -> asyncio.AbstractEventLoop:
+    def _start(self) -> asyncio.AbstractEventLoop | None:
         with self._lock:
-            if self._loop is None:
+            if self._loop is None and not self._closed:
                 # lazily: aiohttp loads only for a session with an exchange
                 from pytest_modelbench.running.router import start_loop
 
@@ -253,7 +258,7 @@ class ExchangeClient:
     def _lost(self, why: str) -> None:
         """The connection ended: unless this worker closed it, calls stop, pending ones fail,
         and whoever waits for an event is told."""
-        if self._loop is not None and self.failure is None:  # not closed by this worker
+        if not self._closed and self.failure is None:  # not closed by this worker
             self.failure = why
         for waiter in self._pending.values():
             if not waiter.done():

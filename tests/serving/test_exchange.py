@@ -806,3 +806,18 @@ def test_malformed_requests_of_a_peer_get_an_error_and_harm_nobody_else() -> Non
         assert other[1] in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     finally:
         exchange.close()
+
+
+def test_a_closed_channel_answers_nothing_and_starts_no_thread() -> None:
+    exchange = Exchange()
+    exchange.start()
+    try:
+        keeper = Party(exchange.workerinput("popen"), "gw0")
+        assert keeper.client.call(want(1)) == WantAnswer(0)
+        keeper.client.close()
+        threads = {t.name for t in threading.enumerate()}
+        assert keeper.client.call(SessionGpus("a", ("0",))) is None
+        assert {t.name for t in threading.enumerate()} <= threads
+        assert keeper.client.failure is None  # closed by its worker: not a failure
+    finally:
+        exchange.close()
