@@ -137,6 +137,7 @@ class ExchangeClient:
         try:
             reply = future.result(timeout=CALL_TIMEOUT_S * 3)
         except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
+            future.cancel()  # a connection still being made is given up, not left running
             return None
         if isinstance(reply, Ack) and reply.error is not None:
             return None
@@ -194,7 +195,10 @@ class ExchangeClient:
             if self._socket is not None and not self._socket.closed:
                 return self._socket
             if self._session is None:  # direct, even when the user has HTTP(S)_PROXY set
-                self._session = aiohttp.ClientSession(trust_env=False)
+                self._session = aiohttp.ClientSession(
+                    trust_env=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=CALL_TIMEOUT_S),
+                )
             try:
                 socket = await self._session.ws_connect(
                     self.url + PATH,

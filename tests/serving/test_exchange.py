@@ -821,3 +821,30 @@ def test_a_closed_channel_answers_nothing_and_starts_no_thread() -> None:
         assert keeper.client.failure is None  # closed by its worker: not a failure
     finally:
         exchange.close()
+
+
+def test_a_call_that_times_out_gives_its_connection_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exchange that accepts the connection and says nothing (a stalled node): the call
+    answers nothing after its timeout, and the connection attempt does not go on."""
+    import asyncio
+
+    from pytest_modelbench.serving import channel
+
+    monkeypatch.setattr(channel, "CALL_TIMEOUT_S", 0.3)
+    tls = session_tls()[1]
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        client = ExchangeClient("127.0.0.1", silent.getsockname()[1], "t", "k" * 16, tls=tls)
+        try:
+            assert client.call(want(1)) is None
+            loop = client._loop
+            assert loop is not None
+
+            async def others() -> int:
+                return len(asyncio.all_tasks() - {asyncio.current_task()})
+
+            deadline = time.monotonic() + 10  # unfixed, it goes on for 30 s (aiohttp's default)
+            while asyncio.run_coroutine_threadsafe(others(), loop).result(5):
+                assert time.monotonic() < deadline, "the connection attempt went on"
+                time.sleep(0.05)
+        finally:
+            client.close()
