@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 HEARTBEAT_S = 10.0  # a connection silent this long (a vanished node) is closed
+CLOSE_S = 2.0  # at the session's end, how long workers get to answer the close, all at once
 
 __all__ = ["PATH", "Exchange", "ExchangeBook", "networked_spec", "reachable_url", "tx_nodes"]
 
@@ -585,17 +586,26 @@ class Exchange:
                 await connection.socket.send_str(encode(event))
 
     def close(self) -> None:
+        """Close every worker's connection and stop serving; never raises (the session ends)."""
         # lazily: only sessions that may lend servers serve the exchange
         from pytest_modelbench.running.router import stop_loop
 
         loop, thread = self._loop, self._thread
         self._loop = self._thread = None
         if loop is not None and thread is not None:
-            stop_loop(loop, thread, self._shutdown)
+            with contextlib.suppress(Exception):  # the loop is stopped whatever happened
+                stop_loop(loop, thread, self._shutdown)
 
     async def _shutdown(self) -> None:
-        for connection in list(self.connections.values()):
-            with contextlib.suppress(Exception):
-                await connection.socket.close()
+        closing = [
+            asyncio.ensure_future(connection.socket.close())
+            for connection in list(self.connections.values())
+        ]
+        if closing:  # a worker that does not answer (stopped, its node gone) is not waited for
+            _, late = await asyncio.wait(closing, timeout=CLOSE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*closing, return_exceptions=True)
         if self._runner is not None:
-            await self._runner.cleanup()
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()

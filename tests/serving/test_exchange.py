@@ -26,6 +26,7 @@ from pytest_modelbench.serving.messages import (
     Ack,
     AskWork,
     GpusGiven,
+    Hello,
     LeaseEnded,
     LeaseLost,
     LeaseReady,
@@ -848,3 +849,45 @@ def test_a_call_that_times_out_gives_its_connection_up(monkeypatch: pytest.Monke
                 time.sleep(0.05)
         finally:
             client.close()
+
+
+def test_the_exchange_closes_workers_that_do_not_answer_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Workers that stalled (their buffers full, nothing read) are not waited for at the
+    session's end, which never raises."""
+    import asyncio
+
+    import aiohttp
+
+    from pytest_modelbench.serving import exchange as exchange_module
+
+    monkeypatch.setattr(exchange_module, "CLOSE_S", 0.5, raising=False)
+    exchange = Exchange()
+    exchange.start()
+    given = exchange.workerinput("popen")
+    connected, done = threading.Event(), threading.Event()
+
+    async def stalled_workers() -> None:
+        context = SessionTls.of(given["tls"]).client_context()
+        url = f"https://127.0.0.1:{exchange.port}/exchange"
+        headers = {"Authorization": f"Bearer {given['token']}"}
+        async with aiohttp.ClientSession() as session:
+            for n in range(2):
+                ws = await session.ws_connect(url, headers=headers, ssl=context)
+                await ws.send_str(encode(Hello(f"gw{n}"), 1))
+                await ws.receive()
+            connected.set()
+            done.wait(120)  # this loop stalls: nothing is read or answered
+
+    worker = threading.Thread(target=asyncio.run, args=(stalled_workers(),))
+    worker.start()
+    try:
+        assert connected.wait(10)
+        big = LeaseLost("l", "x" * 1_000_000)
+        exchange._push_soon([(f"gw{n}", big) for n in range(2) for _ in range(48)])
+        time.sleep(1)  # the pushes fill both workers' buffers
+        exchange.close()  # unfixed: the close frames wait for room, and stop_loop raised
+    finally:
+        done.set()
+        worker.join(30)
