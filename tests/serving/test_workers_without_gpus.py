@@ -16,6 +16,7 @@ import pytest
 from tests.resume.conftest import kill_group, start_pytest
 from tests.serving.conftest import pid_alive
 from tests.serving.fakevllm import install, models, starts
+from tests.serving.test_replicas import wait_for
 
 
 def test_two_workers_one_gpu_same_model(
@@ -96,12 +97,13 @@ def test_owner_stops_its_server_only_after_the_sharers_let_go() -> None:
         closed = threading.Event()
         closer = threading.Thread(target=lambda: (published.close(), closed.set()))
         closer.start()
-        time.sleep(0.3)
+        served = exchange.book.served["gw0"]
+        wait_for(lambda: served.withdrawn)
         assert share(a, "key", "n1") is None  # withdrawn: no new sharer finds it
         first.stop()
         c.close()  # the third sharer's worker ends
-        time.sleep(0.3)
-        assert not closed.is_set()  # the second sharer's item still runs
+        wait_for(lambda: list(served.sharers.values()) == ["gw2"])  # its connection closed
+        assert not closed.wait(1)  # the second sharer's item still runs
         second.stop()
         closer.join(5)
         assert closed.is_set()
