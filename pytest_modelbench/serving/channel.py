@@ -1,21 +1,34 @@
 """A worker's channel to the session's exchange (``serving/exchange.py``): one WebSocket,
 held open from the first call to the worker's end, for requests and the events pushed to it.
 
-The connection is the worker's presence: when its process ends, however it ends, the kernel
-closes the socket and the exchange knows at once. A worker whose exchange closes the
-connection, or cannot be reached ``FAILURES`` times in a row, stops calling: the failure is
-kept in :attr:`ExchangeClient.failure` for the worker to report (replicas only help).
+The connection is the worker's presence: a worker that closes it, or whose process ended
+(the controller is told by xdist), has ended. A connection that drops (a network blip, or
+this process stalled past the heartbeat) is made again, as the same worker, within
+``RESUME_S``; the exchange keeps what the worker holds meanwhile. A worker whose exchange
+closes the connection, cannot be reached ``FAILURES`` times in a row, or is not reached again
+within ``RESUME_S``, stops calling: the failure is kept in :attr:`ExchangeClient.failure`
+for the worker to report (replicas only help).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.secrets import remember
-from pytest_modelbench.serving.messages import PATH, Ack, Hello, Message, decode, encode
+from pytest_modelbench.serving.messages import (
+    CLEAN_CLOSE,
+    PATH,
+    RESUME_S,
+    Ack,
+    Hello,
+    Message,
+    decode,
+    encode,
+)
 from pytest_modelbench.serving.tls import SessionTls
 
 if TYPE_CHECKING:
@@ -26,6 +39,7 @@ if TYPE_CHECKING:
 FAILURES = 3  # connections in a row that fail before a worker stops calling
 CALL_TIMEOUT_S = 5.0
 HEARTBEAT_S = 10.0  # the exchange's silence this long (its node vanished) closes the socket
+RETRY_S = 1.0  # while the connection is being made again, how often
 WORKERINPUT_KEY = "modelbench_exchange"
 HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
 
@@ -101,6 +115,7 @@ class ExchangeClient:
         self._on_failure: list[Callable[[], None]] = []
         self._failures = 0
         self._closed = False  # by this worker: no call starts the channel again
+        self._resuming = False  # the connection dropped: made again until RESUME_S passes
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -208,7 +223,7 @@ class ExchangeClient:
                     timeout=aiohttp.ClientWSTimeout(ws_close=CALL_TIMEOUT_S),
                 )
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                self._failures += 1
+                self._failures += 0 if self._resuming else 1  # resuming: RESUME_S decides
                 if self._failures >= FAILURES:
                     self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
                 raise OSError(str(exc)) from exc
@@ -234,6 +249,7 @@ class ExchangeClient:
         import aiohttp
 
         why = "closed the connection"
+        dropped = False
         try:
             async for frame in socket:
                 if frame.type != aiohttp.WSMsgType.TEXT:
@@ -247,10 +263,46 @@ class ExchangeClient:
                     waiter.set_result(message)
                 elif not ref:
                     self._tell(message)
-        except Exception as exc:  # any end of the socket is the channel's end
+            dropped = socket.close_code not in CLEAN_CLOSE  # nobody closed it on purpose
+        except Exception as exc:  # a socket that fails: the connection is made again
             why = f"could not be read ({type(exc).__name__}: {exc})"
+            dropped = True
         finally:
-            self._lost(f"the session's exchange at {self.url}: the connection {why}")
+            if self._socket is socket:  # never used again, whatever state it is in
+                self._socket = None
+                if not socket.closed:
+                    asyncio.get_running_loop().create_task(_abandon(socket))
+            why = f"the session's exchange at {self.url}: the connection {why}"
+            if dropped and not self._closed and self.failure is None:
+                self._dropped(why)
+            else:
+                self._lost(why)
+
+    def _dropped(self, why: str) -> None:
+        """The connection dropped: calls pending on it fail, and it is made again (as this
+        worker) in the background, until ``RESUME_S`` passes."""
+        for waiter in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionError(why))
+        if not self._resuming:
+            self._resuming = True
+            asyncio.get_running_loop().create_task(self._resume(why))
+
+    async def _resume(self, why: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_S
+        try:
+            while not self._closed and self.failure is None:
+                try:
+                    await self._connect()
+                    return
+                except OSError:  # refused, unreachable, or no hello answered
+                    if loop.time() >= deadline:
+                        break
+                    await asyncio.sleep(min(RETRY_S, max(0.0, deadline - loop.time())))
+        finally:
+            self._resuming = False
+        self._lost(f"{why}, and was not made again within {RESUME_S:.0f} s")
 
     def _tell(self, message: Message) -> None:
         for listener in list(self._listeners):
@@ -277,6 +329,11 @@ class ExchangeClient:
 
     async def _shutdown(self) -> None:
         if self._socket is not None:
-            await self._socket.close()
+            await _abandon(self._socket)
         if self._session is not None:
             await self._session.close()
+
+
+async def _abandon(socket: ClientWebSocketResponse[bool]) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(socket.close(), CALL_TIMEOUT_S)

@@ -32,10 +32,13 @@ events (``serving/messages.py``):
   (:class:`~.messages.ShareServer`, ``serving/sharing.py``), whose owner withdraws it and
   is told when the last sharer let go (:class:`~.messages.SharersGone`).
 
-A worker's end is its connection's close: the kernel closes a dead process's socket, and
-the exchange sees it at once (a node that vanishes without a word: after the WebSocket's
-heartbeat, ``HEARTBEAT_S``). A keeper's leases are then released, a helper's are lost. The
-controller listens on loopback unless a node is reached over the network.
+A worker's end is its connection's close by the worker, or its process's end, which xdist
+tells the controller (:meth:`Exchange.worker_down`) at once. A connection that drops without
+a close (a network blip, a process stalled past the WebSocket's heartbeat, ``HEARTBEAT_S``)
+may be made again by the same worker within ``RESUME_S``; what it holds is kept, and events
+for it wait, until then; after that, it has ended. A keeper's leases are then released, a
+helper's are lost. The controller listens on loopback unless a node is reached over the
+network.
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.secrets import remember
 from pytest_modelbench.serving.messages import (
+    CLEAN_CLOSE,
     PATH,
+    RESUME_S,
     SCHEMA_VERSION,
     Ack,
     AskWork,
@@ -429,6 +434,8 @@ class Exchange:
         self.host = host
         self.port = 0
         self.connections: dict[str, _Connection] = {}
+        self._absent: dict[str, asyncio.TimerHandle] = {}  # dropped, may connect again
+        self._missed: dict[str, list[Message]] = {}  # events for them meanwhile
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -464,8 +471,25 @@ class Exchange:
         self._push_soon(self.book.worker_up(worker))
 
     def worker_down(self, worker: str) -> None:
-        """The controller saw ``worker`` exit: helpers waiting for it are woken."""
-        self._push_soon(self.book.worker_down(worker))
+        """The controller saw ``worker`` exit: it has ended (whether or not its connection
+        closed yet), and helpers waiting for it are woken."""
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._down(worker), self._loop)
+
+    async def _down(self, worker: str) -> None:
+        self._forget(worker)
+        await self._push(self.book.worker_down(worker) + self.book.gone(worker))
+
+    def _forget(self, worker: str) -> None:
+        timer = self._absent.pop(worker, None)
+        if timer is not None:
+            timer.cancel()
+        self._missed.pop(worker, None)
+
+    def _absent_too_long(self, worker: str) -> None:
+        self._absent.pop(worker, None)
+        self._missed.pop(worker, None)
+        asyncio.get_running_loop().create_task(self._push(self.book.gone(worker)))
 
     def _push_soon(self, events: Events) -> None:
         if events and self._loop is not None:
@@ -526,14 +550,9 @@ class Exchange:
                         )
                         await socket.send_str(encode(Ack(error=refused), ref))
                         break
-                    connection = _Connection(
-                        message.worker,
-                        socket,
-                        request.remote or "",
-                        str(sockname[0]) if sockname else "",
-                    )
-                    self.connections[message.worker] = connection
-                    await socket.send_str(encode(Ack(), ref))
+                    peer = (request.remote or "", str(sockname[0]) if sockname else "")
+                    connection = _Connection(message.worker, socket, *peer)
+                    await self._greet(connection, ref)
                     continue
                 try:
                     reply, events = self._handle(connection, message)
@@ -543,10 +562,37 @@ class Exchange:
                 await self._push(events)
         finally:
             if connection is not None:
-                if self.connections.get(connection.worker) is connection:
-                    del self.connections[connection.worker]
-                await self._push(self.book.gone(connection.worker))
+                await self._ended(connection)
         return socket
+
+    async def _greet(self, connection: _Connection, ref: int) -> None:
+        """``connection`` holds its worker from now on (one it made again in time resumes:
+        nothing it held was lost, and the events it missed follow)."""
+        worker = connection.worker
+        older = self.connections.get(worker)
+        self.connections[worker] = connection
+        timer = self._absent.pop(worker, None)
+        if timer is not None:
+            timer.cancel()
+        await connection.socket.send_str(encode(Ack(), ref))
+        if older is not None:  # one that dropped unnoticed yet
+            with contextlib.suppress(Exception):
+                await older.socket.close()
+        await self._push([(worker, event) for event in self._missed.pop(worker, [])])
+
+    async def _ended(self, connection: _Connection) -> None:
+        """``connection`` closed: closed by its worker, the worker has ended; dropped, it may
+        connect again within ``RESUME_S``; replaced by a newer one, nothing ended."""
+        worker = connection.worker
+        if self.connections.get(worker) is not connection:
+            return
+        del self.connections[worker]
+        if connection.socket.close_code in CLEAN_CLOSE or self._loop is None:
+            await self._push(self.book.gone(worker))
+            return
+        self._missed.setdefault(worker, [])
+        loop = asyncio.get_running_loop()
+        self._absent[worker] = loop.call_later(RESUME_S, self._absent_too_long, worker)
 
     def _handle(self, connection: _Connection, message: Message) -> tuple[Message, Events]:
         book = self.book
@@ -578,6 +624,8 @@ class Exchange:
         for worker, event in events:
             connection = self.connections.get(worker)
             if connection is None:
+                if worker in self._absent:  # told when it connects again
+                    self._missed.setdefault(worker, []).append(event)
                 continue
             if isinstance(event, LeaseReady):
                 url = reachable_url(event.url, connection.peer, connection.local)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, TypeAlias, Union, cast, get_args, get_origin, get_type_hints
 
 SCHEMA_VERSION = 1
+RESUME_S = 12.0  # a worker whose connection dropped may connect again this long, as itself
+CLEAN_CLOSE = (1000, 1001)  # WebSocket close codes of a side that ended it on purpose
 PATH = "/exchange"  # where the exchange accepts WebSockets
 
 __all__ = [

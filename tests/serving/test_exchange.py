@@ -47,7 +47,7 @@ from pytest_modelbench.serving.tls import SessionTls, session_tls
 from pytest_modelbench.testing import read_log
 from tests.serving.fakevllm import starts
 from tests.serving.test_multihost import FAKE_SSH, FORWARDED
-from tests.serving.test_replicas import BIG, write_project
+from tests.serving.test_replicas import BIG, wait_for, write_project
 
 LAUNCH = {"model_name": "m1", "model_path": "m1", "served": "m1", "args": {}, "gpus": 1}
 
@@ -309,10 +309,10 @@ time.sleep(600)
 """
 
 
-def test_a_killed_worker_is_noticed_when_its_connection_closes(tmp_path: Path) -> None:
-    """kill -9 of a helper: its keeper is told the server is lost at once (the kernel closes
-    the dead process's socket), not after a silence; kill -9 of a keeper: its helper is told
-    to stop serving."""
+def test_a_killed_worker_is_noticed_when_the_controller_sees_it_exit(tmp_path: Path) -> None:
+    """kill -9 of a helper: its keeper is told the server is lost as soon as xdist tells the
+    controller, not after a silence or the time a dropped connection has to come back; kill
+    -9 of a keeper: its helper is told to stop serving."""
     exchange = Exchange()
     exchange.start()
     try:
@@ -332,7 +332,8 @@ def test_a_killed_worker_is_noticed_when_its_connection_closes(tmp_path: Path) -
             assert isinstance(ready, LeaseReady)
             killed = time.monotonic()
             helper.kill()
-            lost = keeper.next(timeout_s=15.0)  # half the old 30 s of silence
+            exchange.worker_down("gw1")  # xdist tells the controller (pytest_testnodedown)
+            lost = keeper.next(timeout_s=5.0)  # not after RESUME_S
             noticed_s = time.monotonic() - killed
         finally:
             helper.kill()
@@ -355,7 +356,8 @@ def test_a_killed_worker_is_noticed_when_its_connection_closes(tmp_path: Path) -
             other.client.call(Offer(job.lease, port=1))
             killed = time.monotonic()
             dying.kill()
-            assert other.next(timeout_s=15.0) == LeaseEnded(job.lease)
+            exchange.worker_down("gw3")
+            assert other.next(timeout_s=5.0) == LeaseEnded(job.lease)
             print(f"keeper's death noticed after {time.monotonic() - killed:.3f} s")
         finally:
             dying.kill()
@@ -552,20 +554,34 @@ def test_the_exchange_runs_only_in_xdist_sessions_that_serve_models(
 
 
 class Relay:
-    """A TCP relay that records every byte between a client and the exchange (the wire)."""
+    """A TCP relay that records every byte between a client and the exchange (the wire), and
+    can cut its connections (a network blip) and refuse new ones for a while."""
 
     def __init__(self, port: int) -> None:
         self.wire = bytearray()
+        self.refusing = False
         self._target = port
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._open: list[socket.socket] = []
         self.port = int(self._listener.getsockname()[1])
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """Both ends see the connection end without a WebSocket close."""
+        for sock in self._open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._open.clear()
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
             while True:
                 ours, _ = self._listener.accept()
+                if self.refusing:
+                    ours.close()
+                    continue
                 theirs = socket.create_connection(("127.0.0.1", self._target))
+                self._open += [ours, theirs]
                 for a, b in ((ours, theirs), (theirs, ours)):
                     threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -710,11 +726,17 @@ def test_a_server_for_other_nodes_serves_tls_to_the_session_only(
     assert "PRIVATE KEY" not in repr(worker)  # nor in a traceback's locals
 
 
-def test_a_socket_that_fails_is_the_channels_end_and_wakes_who_waits() -> None:
+def test_a_socket_that_fails_ends_the_channel_when_not_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A read that raises (a pong that cannot be sent once the worker stalled past the
-    heartbeat) fails the channel at once: calls stop and whoever waits for an event is told."""
+    heartbeat): pending calls fail, and when the connection cannot be made again within
+    ``RESUME_S`` the channel ends, calls stop and whoever waits for an event is told."""
     import aiohttp
 
+    from pytest_modelbench.serving import channel
+
+    monkeypatch.setattr(channel, "RESUME_S", 0.5, raising=False)
     exchange = Exchange()
     exchange.start()
     try:
@@ -729,6 +751,8 @@ def test_a_socket_that_fails_is_the_channels_end_and_wakes_who_waits() -> None:
             raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
 
         socket_.receive = broken  # type: ignore[method-assign]  # from its next frame on
+        with socket.create_server(("127.0.0.1", 0)) as closed:
+            keeper.client.url = f"https://127.0.0.1:{closed.getsockname()[1]}"
         exchange.book.waiting.add("gw0")
         exchange.worker_down("gw9")  # Wake pushed to gw0: its read returns, the next raises
         assert keeper.next() == Wake()
@@ -891,3 +915,53 @@ def test_the_exchange_closes_workers_that_do_not_answer_at_once(
     finally:
         done.set()
         worker.join(30)
+
+
+def test_a_dropped_connection_is_made_again_and_nothing_it_held_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A network blip: the keeper connects again as itself, its lease stays, and an event
+    pushed while it was away follows; a worker away longer than ``RESUME_S`` has ended."""
+    from pytest_modelbench.serving import channel
+    from pytest_modelbench.serving import exchange as exchange_module
+
+    monkeypatch.setattr(exchange_module, "RESUME_S", 2.0, raising=False)
+    monkeypatch.setattr(channel, "RESUME_S", 2.0, raising=False)
+    monkeypatch.setattr(channel, "RETRY_S", 0.1, raising=False)
+    exchange = Exchange()
+    exchange.start()
+    relay = Relay(exchange.port)
+    try:
+        given = exchange.workerinput("popen")
+        tls = SessionTls.of(given["tls"])
+        keeper = Party(given, "gw0")
+        keeper.client = ExchangeClient(
+            "127.0.0.1", relay.port, exchange.token, "k" * 16, worker="gw0", tls=tls
+        )
+        keeper.client.listen(keeper.events.put)
+        helper = Party(given, "gw1")
+        assert keeper.client.call(want(2)) == WantAnswer(0)
+        first, second = helper.client.call(ask("gw1", "b")), helper.client.call(ask("gw1", "b"))
+        assert isinstance(first, Work) and isinstance(second, Work)
+        helper.client.call(Offer(first.lease, port=8123))
+        assert isinstance(keeper.next(), LeaseReady)
+
+        relay.refusing = True  # away for a while
+        relay.cut()
+        wait_for(lambda: "gw0" not in exchange.connections)
+        helper.client.call(Offer(second.lease, note="did not start"))  # pushed while away
+        relay.refusing = False
+        assert keeper.next() == LeaseLost(second.lease, "did not start")  # once back
+        assert "gw0" in exchange.connections and keeper.client.failure is None
+        assert first.lease in exchange.book.leases  # the keeper's lease was kept
+        assert helper.events.empty()  # its helper was never told to stop
+        assert keeper.client.call(want(2)) == WantAnswer(0)  # calls go on
+
+        relay.refusing = True  # away for good
+        relay.cut()
+        assert helper.next() == LeaseEnded(first.lease)  # after RESUME_S: it has ended
+        wait_for(lambda: keeper.client.failure is not None)
+        assert "was not made again within 2 s" in str(keeper.client.failure)
+    finally:
+        relay.close()
+        exchange.close()
