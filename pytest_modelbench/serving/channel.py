@@ -1,21 +1,34 @@
 """A worker's channel to the session's exchange (``serving/exchange.py``): one WebSocket,
 held open from the first call to the worker's end, for requests and the events pushed to it.
 
-The connection is the worker's presence: when its process ends, however it ends, the kernel
-closes the socket and the exchange knows at once. A worker whose exchange closes the
-connection, or cannot be reached ``FAILURES`` times in a row, stops calling: the failure is
-kept in :attr:`ExchangeClient.failure` for the worker to report (replicas only help).
+The connection is the worker's presence: a worker that closes it, or whose process ended
+(the controller is told by xdist), has ended. A connection that drops (a network blip, or
+this process stalled past the heartbeat) is made again, as the same worker, within
+``RESUME_S``; the exchange keeps what the worker holds meanwhile. A worker whose exchange
+closes the connection, cannot be reached ``FAILURES`` times in a row, or is not reached again
+within ``RESUME_S``, stops calling: the failure is kept in :attr:`ExchangeClient.failure`
+for the worker to report (replicas only help).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.secrets import remember
-from pytest_modelbench.serving.messages import PATH, Ack, Hello, Message, decode, encode
+from pytest_modelbench.serving.messages import (
+    CLEAN_CLOSE,
+    PATH,
+    RESUME_S,
+    Ack,
+    Hello,
+    Message,
+    decode,
+    encode,
+)
 from pytest_modelbench.serving.tls import SessionTls
 
 if TYPE_CHECKING:
@@ -26,6 +39,7 @@ if TYPE_CHECKING:
 FAILURES = 3  # connections in a row that fail before a worker stops calling
 CALL_TIMEOUT_S = 5.0
 HEARTBEAT_S = 10.0  # the exchange's silence this long (its node vanished) closes the socket
+RETRY_S = 1.0  # while the connection is being made again, how often
 WORKERINPUT_KEY = "modelbench_exchange"
 HOST_ENV = "MODELBENCH_EXCHANGE_HOST"  # how a node reaches the controller, when ssh cannot say
 
@@ -98,7 +112,10 @@ class ExchangeClient:
         self.nodes = nodes  # the session's nodes: with one, nobody serves another's item
         self.failure: str | None = None
         self._listeners: list[Callable[[Message], None]] = []
+        self._on_failure: list[Callable[[], None]] = []
         self._failures = 0
+        self._closed = False  # by this worker: no call starts the channel again
+        self._resuming = False  # the connection dropped: made again until RESUME_S passes
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -118,15 +135,24 @@ class ExchangeClient:
         thread: it must not block)."""
         self._listeners.append(listener)
 
+    def when_failed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the channel's thread: it must not block) once the connection
+        is lost for good and :attr:`failure` says why, so that nobody waits for an event that
+        will never be pushed."""
+        self._on_failure.append(callback)
+
     def call(self, message: Message) -> Message | None:
         """The exchange's reply to ``message``; None when it cannot be had."""
         if self.failure is not None:  # gone, or unreachable: replicas across nodes are off
             return None
         loop = self._start()
+        if loop is None:  # closed by this worker
+            return None
         future = asyncio.run_coroutine_threadsafe(self._call(message), loop)
         try:
             reply = future.result(timeout=CALL_TIMEOUT_S * 3)
         except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
+            future.cancel()  # a connection still being made is given up, not left running
             return None
         if isinstance(reply, Ack) and reply.error is not None:
             return None
@@ -138,8 +164,10 @@ class ExchangeClient:
 
     def close(self) -> None:
         """Close the connection (the exchange takes it as this worker's end) and its thread."""
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
         if loop is not None and thread is not None:
             # lazily: aiohttp loads only for a session with an exchange
             from pytest_modelbench.running.router import stop_loop
@@ -150,9 +178,9 @@ class ExchangeClient:
         return f"ExchangeClient({self.url})"
 
     # -- the channel's thread --------------------------------------------------------------
-    def _start(self) -> asyncio.AbstractEventLoop:
+    def _start(self) -> asyncio.AbstractEventLoop | None:
         with self._lock:
-            if self._loop is None:
+            if self._loop is None and not self._closed:
                 # lazily: aiohttp loads only for a session with an exchange
                 from pytest_modelbench.running.router import start_loop
 
@@ -182,7 +210,10 @@ class ExchangeClient:
             if self._socket is not None and not self._socket.closed:
                 return self._socket
             if self._session is None:  # direct, even when the user has HTTP(S)_PROXY set
-                self._session = aiohttp.ClientSession(trust_env=False)
+                self._session = aiohttp.ClientSession(
+                    trust_env=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=CALL_TIMEOUT_S),
+                )
             try:
                 socket = await self._session.ws_connect(
                     self.url + PATH,
@@ -192,7 +223,7 @@ class ExchangeClient:
                     timeout=aiohttp.ClientWSTimeout(ws_close=CALL_TIMEOUT_S),
                 )
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-                self._failures += 1
+                self._failures += 0 if self._resuming else 1  # resuming: RESUME_S decides
                 if self._failures >= FAILURES:
                     self.failure = f"the session's exchange at {self.url} did not answer ({exc})"
                 raise OSError(str(exc)) from exc
@@ -203,37 +234,106 @@ class ExchangeClient:
             hello: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
             self._pending[self._ref] = hello
             await socket.send_str(encode(Hello(self.worker), self._ref))
-            await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            answer = await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            if isinstance(answer, Ack) and answer.error is not None:  # refused for good
+                self.failure = f"the session's exchange at {self.url} refused: {answer.error}"
+                await socket.close()
+                raise OSError(self.failure)
             return socket
 
     async def _read(self, socket: ClientWebSocketResponse[bool]) -> None:
-        """Replies to their calls, events to the listener, until the exchange closes."""
+        """Replies to their calls, events to the listener, until the connection ends: however
+        it ends (the exchange closed it, or the socket failed, as when a pong cannot be sent
+        after this process stalled past the heartbeat), the worker is told and its pending
+        calls fail at once."""
         import aiohttp
 
-        async for frame in socket:
-            if frame.type != aiohttp.WSMsgType.TEXT:
-                continue
+        why = "closed the connection"
+        dropped = False
+        try:
+            async for frame in socket:
+                if frame.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                try:
+                    ref, message = decode(frame.data)
+                except ValueError:
+                    continue
+                waiter = self._pending.get(ref) if ref else None
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(message)
+                elif not ref:
+                    self._tell(message)
+            dropped = socket.close_code not in CLEAN_CLOSE  # nobody closed it on purpose
+        except Exception as exc:  # a socket that fails: the connection is made again
+            why = f"could not be read ({type(exc).__name__}: {exc})"
+            dropped = True
+        finally:
+            if self._socket is socket:  # never used again, whatever state it is in
+                self._socket = None
+                if not socket.closed:
+                    asyncio.get_running_loop().create_task(_abandon(socket))
+            why = f"the session's exchange at {self.url}: the connection {why}"
+            if dropped and not self._closed and self.failure is None:
+                self._dropped(why)
+            else:
+                self._lost(why)
+
+    def _dropped(self, why: str) -> None:
+        """The connection dropped: calls pending on it fail, and it is made again (as this
+        worker) in the background, until ``RESUME_S`` passes."""
+        for waiter in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionError(why))
+        if not self._resuming:
+            self._resuming = True
+            asyncio.get_running_loop().create_task(self._resume(why))
+
+    async def _resume(self, why: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_S
+        try:
+            while not self._closed and self.failure is None:
+                try:
+                    await self._connect()
+                    return
+                except OSError:  # refused, unreachable, or no hello answered
+                    if loop.time() >= deadline:
+                        break
+                    await asyncio.sleep(min(RETRY_S, max(0.0, deadline - loop.time())))
+        finally:
+            self._resuming = False
+        self._lost(f"{why}, and was not made again within {RESUME_S:.0f} s")
+
+    def _tell(self, message: Message) -> None:
+        for listener in list(self._listeners):
             try:
-                ref, message = decode(frame.data)
-            except ValueError:
+                listener(message)
+            except Exception:  # a listener's bug must not close the channel
                 continue
-            waiter = self._pending.get(ref) if ref else None
-            if waiter is not None and not waiter.done():
-                waiter.set_result(message)
-            elif not ref:
-                for listener in list(self._listeners):
-                    try:
-                        listener(message)
-                    except Exception:  # a listener's bug must not close the channel
-                        continue
-        if self._loop is not None and self.failure is None:  # not closed by this worker
-            self.failure = f"the session's exchange at {self.url} closed the connection"
+
+    def _lost(self, why: str) -> None:
+        """The connection ended: unless this worker closed it, calls stop, pending ones fail,
+        and whoever waits for an event is told."""
+        if not self._closed and self.failure is None:  # not closed by this worker
+            self.failure = why
         for waiter in self._pending.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError(self.failure or "closed"))
+        if self.failure is None:
+            return
+        for callback in list(self._on_failure):
+            try:
+                callback()
+            except Exception:  # a callback's bug must not hide the failure from the others
+                continue
 
     async def _shutdown(self) -> None:
         if self._socket is not None:
-            await self._socket.close()
+            await _abandon(self._socket)
         if self._session is not None:
             await self._session.close()
+
+
+async def _abandon(socket: ClientWebSocketResponse[bool]) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(socket.close(), CALL_TIMEOUT_S)

@@ -36,10 +36,13 @@ events (``serving/messages.py``):
   (:class:`~.messages.GpusGiven`), a server of its node is published or a worker ends
   (:class:`~.messages.Wake`).
 
-A worker's end is its connection's close: the kernel closes a dead process's socket, and
-the exchange sees it at once (a node that vanishes without a word: after the WebSocket's
-heartbeat, ``HEARTBEAT_S``). A keeper's leases are then released, a helper's are lost. The
-controller listens on loopback unless a node is reached over the network.
+A worker's end is its connection's close by the worker, or its process's end, which xdist
+tells the controller (:meth:`Exchange.worker_down`) at once. A connection that drops without
+a close (a network blip, a process stalled past the WebSocket's heartbeat, ``HEARTBEAT_S``)
+may be made again by the same worker within ``RESUME_S``; what it holds is kept, and events
+for it wait, until then; after that, it has ended. A keeper's leases are then released, a
+helper's are lost. The controller listens on loopback unless a node is reached over the
+network.
 """
 
 from __future__ import annotations
@@ -58,7 +61,10 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.secrets import remember
 from pytest_modelbench.serving.messages import (
+    CLEAN_CLOSE,
     PATH,
+    RESUME_S,
+    SCHEMA_VERSION,
     Ack,
     AskWork,
     GpusGiven,
@@ -93,6 +99,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 HEARTBEAT_S = 10.0  # a connection silent this long (a vanished node) is closed
+CLOSE_S = 2.0  # at the session's end, how long workers get to answer the close, all at once
 
 __all__ = ["PATH", "Exchange", "ExchangeBook", "networked_spec", "reachable_url", "tx_nodes"]
 
@@ -198,6 +205,9 @@ class ExchangeBook:
                     events += self._end(lease)
                 elif not lease.ready:
                     starting += 1
+            gpus = want.launch.get("gpus", 1)
+            if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+                raise ValueError(f"want: the launch's gpus is not a count ({gpus!r:.50})")
             open_ = max(0, want.need - starting)
             old = self.wants.get(want.keeper)
             new = _Want(want.keeper, want.node, want.key, dict(want.launch), open_, want.lend)
@@ -280,7 +290,7 @@ class ExchangeBook:
             if local:  # this helper's GPUs go back there: one unit fewer to find
                 local[0].open -= 1
                 return NoWork(local=True), []
-            fits = [w for w in wanted if int(w.launch.get("gpus", 1)) == ask.gpus]
+            fits = [w for w in wanted if w.launch.get("gpus", 1) == ask.gpus]
             if not fits:
                 if self.nodes < 2:  # nobody else will want this helper's GPUs
                     return NoWork(), []
@@ -310,21 +320,32 @@ class ExchangeBook:
 
     # -- sharing a running server with the GPU-less workers of its node ------------------------
     def publish(self, owner: str, publish: Publish) -> Events:
-        """``owner``'s server is open to share: the workers waiting on its node look."""
+        """``owner``'s running server, open to share: the workers waiting on its node look;
+        one it published before is gone (its sharers are told)."""
         with self._lock:
+            events = self._lose(owner, "its worker published another server in its place")
             self.served[owner] = _Served(owner, publish.key, publish.node, publish.url)
-            return self._wake_gpu_waiters(publish.node)
+            return events + self._wake_gpu_waiters(publish.node)
 
-    def withdraw(self, owner: str, withdraw: Withdraw) -> Withdrawn:
-        """Nobody new shares ``owner``'s server; how many still send to it."""
+    def withdraw(self, owner: str, withdraw: Withdraw) -> tuple[Withdrawn, Events]:
+        """Nobody new shares ``owner``'s server; how many still send to it. With
+        ``withdraw.lost`` its sharers lose it now (told why), and none is waited for."""
         with self._lock:
             served = self.served.get(owner)
             if served is None or served.key != withdraw.key:
-                return Withdrawn(0)
+                return Withdrawn(0), []
+            if withdraw.lost is not None:
+                return Withdrawn(0), self._lose(owner, withdraw.lost)
             served.withdrawn = True
             if not served.sharers:
                 del self.served[owner]
-            return Withdrawn(len(served.sharers))
+            return Withdrawn(len(served.sharers)), []
+
+    def _lose(self, owner: str, note: str) -> Events:
+        served = self.served.pop(owner, None)
+        if served is None:
+            return []
+        return [(w, ShareLost(h, note)) for h, w in served.sharers.items()]
 
     def share(self, sharer: str, share: ShareServer) -> SharedWith | NoWork:
         """A running server of the launch on the sharer's node (the one fewest share), or
@@ -364,9 +385,7 @@ class ExchangeBook:
             events: Events = []
             for served in list(self.served.values()):
                 if served.owner == worker:
-                    del self.served[worker]
-                    note = f"its worker {worker} ended"
-                    events += [(w, ShareLost(h, note)) for h, w in served.sharers.items()]
+                    events += self._lose(worker, f"its worker {worker} ended")
                     continue
                 for handle in [h for h, w in served.sharers.items() if w == worker]:
                     del served.sharers[handle]
@@ -444,6 +463,8 @@ class Exchange:
         self.host = host
         self.port = 0
         self.connections: dict[str, _Connection] = {}
+        self._absent: dict[str, asyncio.TimerHandle] = {}  # dropped, may connect again
+        self._missed: dict[str, list[Message]] = {}  # events for them meanwhile
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -479,8 +500,25 @@ class Exchange:
         self._push_soon(self.book.worker_up(worker))
 
     def worker_down(self, worker: str) -> None:
-        """The controller saw ``worker`` exit: helpers waiting for it are woken."""
-        self._push_soon(self.book.worker_down(worker))
+        """The controller saw ``worker`` exit: it has ended (whether or not its connection
+        closed yet), and helpers waiting for it are woken."""
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._down(worker), self._loop)
+
+    async def _down(self, worker: str) -> None:
+        self._forget(worker)
+        await self._push(self.book.worker_down(worker) + self.book.gone(worker))
+
+    def _forget(self, worker: str) -> None:
+        timer = self._absent.pop(worker, None)
+        if timer is not None:
+            timer.cancel()
+        self._missed.pop(worker, None)
+
+    def _absent_too_long(self, worker: str) -> None:
+        self._absent.pop(worker, None)
+        self._missed.pop(worker, None)
+        asyncio.get_running_loop().create_task(self._push(self.book.gone(worker)))
 
     def _push_soon(self, events: Events) -> None:
         if events and self._loop is not None:
@@ -533,24 +571,57 @@ class Exchange:
                     if not isinstance(message, Hello):
                         await socket.send_str(encode(Ack(error="hello first"), ref))
                         continue
-                    connection = _Connection(
-                        message.worker,
-                        socket,
-                        request.remote or "",
-                        str(sockname[0]) if sockname else "",
-                    )
-                    self.connections[message.worker] = connection
-                    await socket.send_str(encode(Ack(), ref))
+                    if message.schema_version != SCHEMA_VERSION:
+                        refused = (
+                            f"worker {message.worker} speaks version {message.schema_version} "
+                            f"of the exchange's messages, the controller {SCHEMA_VERSION}: "
+                            "install the same pytest-modelbench on every node"
+                        )
+                        await socket.send_str(encode(Ack(error=refused), ref))
+                        break
+                    peer = (request.remote or "", str(sockname[0]) if sockname else "")
+                    connection = _Connection(message.worker, socket, *peer)
+                    await self._greet(connection, ref)
                     continue
-                reply, events = self._handle(connection, message)
+                try:
+                    reply, events = self._handle(connection, message)
+                except Exception as exc:  # a peer's bad request fails that request only
+                    reply, events = Ack(error=f"{message.type}: {type(exc).__name__}: {exc}"), []
                 await socket.send_str(encode(reply, ref))
                 await self._push(events)
         finally:
             if connection is not None:
-                if self.connections.get(connection.worker) is connection:
-                    del self.connections[connection.worker]
-                await self._push(self.book.gone(connection.worker))
+                await self._ended(connection)
         return socket
+
+    async def _greet(self, connection: _Connection, ref: int) -> None:
+        """``connection`` holds its worker from now on (one it made again in time resumes:
+        nothing it held was lost, and the events it missed follow)."""
+        worker = connection.worker
+        older = self.connections.get(worker)
+        self.connections[worker] = connection
+        timer = self._absent.pop(worker, None)
+        if timer is not None:
+            timer.cancel()
+        await connection.socket.send_str(encode(Ack(), ref))
+        if older is not None:  # one that dropped unnoticed yet
+            with contextlib.suppress(Exception):
+                await older.socket.close()
+        await self._push([(worker, event) for event in self._missed.pop(worker, [])])
+
+    async def _ended(self, connection: _Connection) -> None:
+        """``connection`` closed: closed by its worker, the worker has ended; dropped, it may
+        connect again within ``RESUME_S``; replaced by a newer one, nothing ended."""
+        worker = connection.worker
+        if self.connections.get(worker) is not connection:
+            return
+        del self.connections[worker]
+        if connection.socket.close_code in CLEAN_CLOSE or self._loop is None:
+            await self._push(self.book.gone(worker))
+            return
+        self._missed.setdefault(worker, [])
+        loop = asyncio.get_running_loop()
+        self._absent[worker] = loop.call_later(RESUME_S, self._absent_too_long, worker)
 
     def _handle(self, connection: _Connection, message: Message) -> tuple[Message, Events]:
         book = self.book
@@ -567,7 +638,7 @@ class Exchange:
         if isinstance(message, WaitGpus):
             return Ack(), book.wait_gpus(connection.worker, message)
         if isinstance(message, Withdraw):
-            return book.withdraw(connection.worker, message), []
+            return book.withdraw(connection.worker, message)
         if isinstance(message, ShareServer):
             return book.share(connection.worker, message), []
         if isinstance(message, Unshare):
@@ -584,6 +655,8 @@ class Exchange:
         for worker, event in events:
             connection = self.connections.get(worker)
             if connection is None:
+                if worker in self._absent:  # told when it connects again
+                    self._missed.setdefault(worker, []).append(event)
                 continue
             if isinstance(event, LeaseReady):
                 url = reachable_url(event.url, connection.peer, connection.local)
@@ -592,17 +665,26 @@ class Exchange:
                 await connection.socket.send_str(encode(event))
 
     def close(self) -> None:
+        """Close every worker's connection and stop serving; never raises (the session ends)."""
         # lazily: only sessions that may lend servers serve the exchange
         from pytest_modelbench.running.router import stop_loop
 
         loop, thread = self._loop, self._thread
         self._loop = self._thread = None
         if loop is not None and thread is not None:
-            stop_loop(loop, thread, self._shutdown)
+            with contextlib.suppress(Exception):  # the loop is stopped whatever happened
+                stop_loop(loop, thread, self._shutdown)
 
     async def _shutdown(self) -> None:
-        for connection in list(self.connections.values()):
-            with contextlib.suppress(Exception):
-                await connection.socket.close()
+        closing = [
+            asyncio.ensure_future(connection.socket.close())
+            for connection in list(self.connections.values())
+        ]
+        if closing:  # a worker that does not answer (stopped, its node gone) is not waited for
+            _, late = await asyncio.wait(closing, timeout=CLOSE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*closing, return_exceptions=True)
         if self._runner is not None:
-            await self._runner.cleanup()
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()

@@ -10,10 +10,13 @@ or work may be waiting.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, TypeAlias, cast
+import types
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, TypeAlias, Union, cast, get_args, get_origin, get_type_hints
 
 SCHEMA_VERSION = 1
+RESUME_S = 12.0  # a worker whose connection dropped may connect again this long, as itself
+CLEAN_CLOSE = (1000, 1001)  # WebSocket close codes of a side that ended it on purpose
 PATH = "/exchange"  # where the exchange accepts WebSockets
 
 __all__ = [
@@ -213,6 +216,9 @@ class Withdraw:
 
     type: ClassVar[str] = "withdraw"
     key: str
+    lost: str | None = None
+    """Why its sharers lose it now (it died, or stops without waiting for them); None: they
+    keep it until they let go."""
 
 
 @dataclass(frozen=True)
@@ -379,9 +385,47 @@ def _build(fields: Any) -> Message:
         elif isinstance(value, list):
             values[name] = tuple(value)
     try:
-        return cast(Message, kind(**values))
+        message = kind(**values)
     except TypeError as exc:
         raise ValueError(f"{fields['type']}: {exc}") from None
+    for name, hint in _FIELDS[kind].items():
+        value = getattr(message, name)
+        if not _fits(value, hint):
+            shown = hint.__name__ if isinstance(hint, type) else str(hint)
+            raise ValueError(f"{kind.type}: {name} is not a {shown} ({value!r:.100})")
+    return cast(Message, message)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a decoded ``value`` is of the type a message's field declares (str, int,
+    float, bool, None, unions, ``tuple[X, ...]``, ``dict[str, X]``, nested messages)."""
+    origin = get_origin(hint)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in get_args(hint))
+    if origin is tuple:
+        item = get_args(hint)[0]
+        return isinstance(value, tuple) and all(_fits(v, item) for v in value)
+    if origin is dict:
+        key, item = get_args(hint)
+        return isinstance(value, dict) and all(
+            _fits(k, key) and _fits(v, item) for k, v in value.items()
+        )
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+_FIELDS = {  # each message's fields and their types, as its dataclass declares them
+    kind: {f.name: get_type_hints(kind)[f.name] for f in fields(kind)} for kind in _TYPES.values()
+}
 
 
 def decode(frame: str | bytes) -> tuple[int, Message]:

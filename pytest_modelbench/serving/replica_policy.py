@@ -107,6 +107,7 @@ class ReplicaPolicy:
         self._given_lock = threading.Lock()
         if exchange is not None:
             exchange.listen(self._on_event)
+            exchange.when_failed(self._exchange_failed)
             claimer.on_give_back = self._gave_back
 
     # -- while this worker's items run --------------------------------------------------------
@@ -239,6 +240,12 @@ class ReplicaPolicy:
                 else:
                     self._woken = True
                 self._pushed.notify_all()
+
+    def _exchange_failed(self) -> None:
+        """The exchange is gone (in its channel's thread): a helper waiting for an event
+        notices now, not after ``WAKE_LIMIT_S``."""
+        with self._pushed:
+            self._pushed.notify_all()
 
     def _take_remote(self) -> Server | None:
         return self.remote_ready.pop(0) if self.remote_ready else None

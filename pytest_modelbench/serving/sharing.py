@@ -5,7 +5,9 @@ Every worker's own server is published while it runs (:class:`Published`); a wor
 finds no free GPU shares one of the same launch (:func:`share`), with any number of others.
 The owner withdraws it before stopping it and waits until every sharer has let go: the
 exchange pushes :class:`~.messages.SharersGone` when the last one does, or its worker ends
-(its connection closes). A sharer is told at once when the owner's worker ends.
+(its connection closes). A sharer is told at once (:class:`~.messages.ShareLost`) when the
+owner's worker ends, and when its server died or stops without waiting for it (its owner
+restarts it at another address, and publishes that one).
 """
 
 from __future__ import annotations
@@ -49,22 +51,27 @@ class Published:
         if isinstance(event, SharersGone) and event.key == self.key:
             self._gone.set()
 
-    def withdraw(self) -> int:
-        """No new sharer finds it; how many workers still send to it."""
+    def withdraw(self, lost: str | None = None) -> int:
+        """No new sharer finds it; how many workers still send to it. ``lost``: why they lose
+        it now (they are told, and none is waited for)."""
         if not self._open:
             return 0
         self._open = False
-        answer = self.client.call(Withdraw(self.key))
+        answer = self.client.call(Withdraw(self.key, lost))
         sharers = answer.sharers if isinstance(answer, Withdrawn) else 0
         if not sharers:
             self._gone.set()
         return sharers
 
-    def close(self, *, wait: bool = True) -> None:
-        """Withdraw it; with ``wait``, until every worker sending to it has let go (its item
-        ended, or its process died)."""
+    def close(self, *, lost: str | None = None) -> None:
+        """Withdraw it and wait until every worker sending to it has let go (its item ended,
+        or its process died); with ``lost`` (it died, or stops at once), they are told why and
+        lose it now."""
+        if lost is not None:
+            self.withdraw(lost)
+            return
         self.withdraw()
-        while wait and not self._gone.wait(WAIT_LOOK_S):
+        while not self._gone.wait(WAIT_LOOK_S):
             if self.client.failure is not None:  # nobody will say any more
                 return
 

@@ -225,7 +225,7 @@ class ServerSlot:
         log) when it died again or the restart failed."""
         model = self.model or ""
         died = self.death_report()
-        self.unpublish(wait=False)  # its sharers see it died; published again once restarted
+        self.unpublish(lost="it died")  # its sharers lose it; published again once restarted
         if not self.may_restart():
             raise EvaluationError(
                 f"{model}: {died}. It died again after one restart; finished examples are "
@@ -279,12 +279,16 @@ class ServerSlot:
 
         self._published = Published(client, launch.key, this_node(), server.base_url)
 
-    def unpublish(self, *, wait: bool) -> None:
-        """Withdraw this worker's server; with ``wait``, after the items sharing it end."""
+    def unpublish(self, *, lost: str | None = None) -> None:
+        """Withdraw this worker's server, after the items sharing it end; with ``lost`` (why:
+        it died, or stops at once) they lose it now."""
         published, self._published = self._published, None
         if published is None:
             return
-        if published.withdraw() and wait and self.launch is not None:
+        if lost is not None:
+            published.close(lost=lost)
+            return
+        if published.withdraw() and self.launch is not None:
             warnings.warn(
                 SharedServerWarning(
                     f"{self.launch.model_name}: items of other workers share this worker's "
@@ -292,12 +296,12 @@ class ServerSlot:
                 ),
                 stacklevel=5,
             )
-        published.close(wait=wait)
+        published.close()
 
     def stop(self, *, wait_sharers: bool = True) -> None:
         """Stop the worker's own server (after the items of other workers sharing it, unless
         ``wait_sharers`` is False), or let go of the one it shares."""
-        self.unpublish(wait=wait_sharers)
+        self.unpublish(lost=None if wait_sharers else "its worker stops it at once")
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -19,6 +19,7 @@ import pytest
 from tests.resume.conftest import kill_group, start_pytest
 from tests.serving.conftest import pid_alive
 from tests.serving.fakevllm import install, models, serve_spec, starts, write_models
+from tests.serving.test_replicas import wait_for
 
 
 def test_two_workers_one_gpu_same_model(
@@ -253,12 +254,13 @@ def test_owner_stops_its_server_only_after_the_sharers_let_go() -> None:
         closed = threading.Event()
         closer = threading.Thread(target=lambda: (published.close(), closed.set()))
         closer.start()
-        time.sleep(0.3)
+        served = exchange.book.served["gw0"]
+        wait_for(lambda: served.withdrawn)
         assert share(a, "key", "n1") is None  # withdrawn: no new sharer finds it
         first.stop()
         c.close()  # the third sharer's worker ends
-        time.sleep(0.3)
-        assert not closed.is_set()  # the second sharer's item still runs
+        wait_for(lambda: list(served.sharers.values()) == ["gw2"])  # its connection closed
+        assert not closed.wait(1)  # the second sharer's item still runs
         second.stop()
         closer.join(5)
         assert closed.is_set()
@@ -290,6 +292,45 @@ def test_a_sharer_is_told_when_the_owner_is_gone() -> None:
             found.death_report()
             == "the server of worker gw0, shared, is gone (its worker gw0 ended)"
         )
+    finally:
+        exchange.close()
+
+
+def test_a_sharer_is_told_when_the_owners_server_died_and_shares_its_restart() -> None:
+    """The owner's worker lives on: its server died and is restarted at another address (as
+    ``ServerSlot.restart`` does), or published again in its place; its sharers lose the old
+    one at once and share the new one."""
+    import queue
+
+    from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from
+    from pytest_modelbench.serving.exchange import Exchange
+    from pytest_modelbench.serving.messages import Message, Publish, ShareLost
+    from pytest_modelbench.serving.sharing import Published, share
+
+    exchange = Exchange()
+    exchange.start()
+    try:
+        given = exchange.workerinput("popen")
+        owner = client_from({WORKERINPUT_KEY: given, "workerid": "gw0"}, {})
+        sharer = client_from({WORKERINPUT_KEY: given, "workerid": "gw1"}, {})
+        assert owner is not None and sharer is not None
+        events: queue.Queue[Message] = queue.Queue()
+        sharer.listen(events.put)
+        published = Published(owner, "key", "n1", "http://127.0.0.1:1111/v1")
+        found = share(sharer, "key", "n1")
+        assert found is not None and found.is_alive()
+        published.close(lost="it died")  # the slot's restart: nobody waits for the sharers
+        Published(owner, "key", "n1", "http://127.0.0.1:2222/v1")
+        assert events.get(timeout=10) == ShareLost(found.handle, "it died")
+        assert not found.is_alive()
+        assert found.death_report() == "the server of worker gw0, shared, is gone (it died)"
+        found.stop()
+        again = share(sharer, "key", "n1")  # the item's retry shares the restarted server
+        assert again is not None and again.base_url == "http://127.0.0.1:2222/v1"
+        owner.call(Publish("key", "n1", "http://127.0.0.1:3333/v1"))  # in its place
+        lost = events.get(timeout=10)
+        assert isinstance(lost, ShareLost) and lost.share == again.handle
+        assert not again.is_alive()
     finally:
         exchange.close()
 
