@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 import socket
-import urllib.parse
 import ssl
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
