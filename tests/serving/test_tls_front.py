@@ -191,23 +191,24 @@ def test_the_front_refuses_a_client_without_a_certificate_of_the_session(
     assert sim.requests == []
 
 
-def test_a_command_engine_that_serves_other_nodes_is_fronted(
-    tmp_path: Path, worker: SessionTls
+@pytest.mark.parametrize("engine", ["command", "sglang"])
+def test_an_engine_that_serves_other_nodes_is_fronted(
+    tmp_path: Path, worker: SessionTls, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
-    """build_server: the engine stays on loopback with no key in its argv; the front's https
-    URL is the server's once it is ready, and stopping the server stops the front."""
+    """build_server: an engine without TLS of its own stays on loopback with no key in its
+    argv; the front's https URL is the server's once it is ready, and stopping the server
+    stops the front."""
     import sys
 
-    launch = Launch(
-        "m1",
-        "sim-model",
-        "sim-model",
-        {},
-        0,
-        30.0,
-        engine="command",
-        command=(sys.executable, "-m", "pytest_modelbench.testing.simserver", "--port", "{port}"),
-    )
+    from tests.serving import fakesglang
+
+    command: tuple[str, ...] = ()
+    if engine == "command":
+        command = (sys.executable, "-m", "pytest_modelbench.testing.simserver", "--port", "{port}")
+    else:
+        fakesglang.install(tmp_path, monkeypatch)
+        monkeypatch.syspath_prepend(str(tmp_path / "fakesglang"))
+    launch = Launch("m1", "sim-model", "sim-model", {}, 0, 30.0, engine=engine, command=command)
     listen = {"host": "127.0.0.1", "api_key": KEY, "tls": worker}
     server = build_server(launch, None, tmp_path / "server.log", tmp_path, listen)
     assert isinstance(server, FrontedServer)
@@ -217,9 +218,8 @@ def test_a_command_engine_that_serves_other_nodes_is_fronted(
         assert server.base_url.startswith("https://127.0.0.1:")
         assert inner.base_url.startswith("http://127.0.0.1:")
         argv = inner.process.argv  # type: ignore[attr-defined]
-        assert KEY not in " ".join(argv) and argv[-1] == str(
-            urllib.parse.urlsplit(inner.base_url).port
-        )
+        assert KEY not in " ".join(argv) and "--api-key" not in argv
+        assert argv[argv.index("--port") + 1] == str(urllib.parse.urlsplit(inner.base_url).port)
         reply = call(f"{server.base_url}/models", worker.client_context())
         assert reply.status == 200 and b"sim-model" in reply.body
         assert call(f"{server.base_url}/models", worker.client_context(), "no").status == 401
@@ -229,3 +229,6 @@ def test_a_command_engine_that_serves_other_nodes_is_fronted(
     assert not inner.is_alive()
     with pytest.raises(blocking.Unreachable):
         call(f"{front_url}/models", worker.client_context())
+    if engine == "sglang":
+        (started,) = fakesglang.starts(tmp_path / "sglang-starts.jsonl")
+        assert started["host"] == "127.0.0.1" and started["api_key"] is None
