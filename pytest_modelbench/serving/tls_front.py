@@ -130,6 +130,7 @@ class TlsFront:
         assert self._client is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         body = await request.read()
+        response: web.StreamResponse | None = None
         try:
             async with self._client.request(
                 request.method,
@@ -148,8 +149,10 @@ class TlsFront:
                 await response.write_eof()
                 return response
         except (ClientError, OSError) as exc:
+            if response is not None and response.prepared:
+                raise  # the engine or the client left mid-reply: the connection is dropped
             if request.transport is None or request.transport.is_closing():
-                raise  # the client left mid-reply: nothing to answer
+                raise  # the client left: nothing to answer
             return web.json_response(
                 {"error": {"message": f"the engine behind the TLS front: {exc}", "code": 502}},
                 status=502,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
 import ssl
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from pytest_modelbench.serving.tls_front import FrontedServer, TlsFront
 from pytest_modelbench.testing import SimConfig, SimServer
 
 KEY = "s" * 32
+Recorder = tuple[str, list[dict[str, Any]], threading.Event]
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +98,11 @@ def test_the_front_forwards_chat_completions_and_streams(
 
 
 @pytest.fixture
-def recorder() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def recorder() -> Iterator[Recorder]:
     """An engine that records what reaches it and answers fixed bytes, in chunks (SSE)."""
     seen: list[dict[str, Any]] = []
     runner: list[web.AppRunner] = []
+    first_read = threading.Event()
 
     async def answer(request: web.Request) -> web.StreamResponse:
         seen.append(
@@ -112,7 +116,11 @@ def recorder() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         response = web.StreamResponse(status=207, headers={"X-Engine": "yes"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
-        for part in (b'data: {"a": 1}\n\n', b"data: \xff\x00binary\n\n", b"data: [DONE]\n\n"):
+        await response.write(b'data: {"a": 1}\n\n')
+        if request.path == "/v1/stream":  # the rest once the client has read the first event
+            read = await asyncio.get_running_loop().run_in_executor(None, first_read.wait, 10)
+            seen[-1]["first event read"] = read
+        for part in (b"data: \xff\x00binary\n\n", b"data: [DONE]\n\n"):
             await response.write(part)
         await response.write_eof()
         return response
@@ -126,7 +134,7 @@ def recorder() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
     loop, thread = start_loop("engine", setup)
     port = runner[0].addresses[0][1]
-    yield f"http://127.0.0.1:{port}", seen
+    yield f"http://127.0.0.1:{port}", seen, first_read
 
     async def down() -> None:
         await runner[0].cleanup()
@@ -134,10 +142,8 @@ def recorder() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     stop_loop(loop, thread, down)
 
 
-def test_the_front_forwards_everything_but_the_key(
-    recorder: tuple[str, list[dict[str, Any]]], worker: SessionTls
-) -> None:
-    url, seen = recorder
+def test_the_front_forwards_everything_but_the_key(recorder: Recorder, worker: SessionTls) -> None:
+    url, seen, _ = recorder
     proxy = TlsFront(url, worker, KEY, host="127.0.0.1")
     proxy.start()
     try:
@@ -232,3 +238,29 @@ def test_an_engine_that_serves_other_nodes_is_fronted(
     if engine == "sglang":
         (started,) = fakesglang.starts(tmp_path / "sglang-starts.jsonl")
         assert started["host"] == "127.0.0.1" and started["api_key"] is None
+
+
+def test_the_front_passes_each_event_on_as_it_comes(recorder: Recorder, worker: SessionTls) -> None:
+    """The engine sends its second event only once the client has read the first: a front
+    that held the answer back until its end would keep the client waiting for it."""
+    import aiohttp
+
+    url, seen, first_read = recorder
+    proxy = TlsFront(url, worker, KEY, host="127.0.0.1")
+    proxy.start()
+
+    async def read() -> bytes:
+        connector = aiohttp.TCPConnector(ssl=worker.client_context())
+        async with aiohttp.ClientSession(connector=connector) as session:
+            headers = {"Authorization": f"Bearer {KEY}"}
+            async with session.post(f"{proxy.root_url}/v1/stream", headers=headers) as answer:
+                first = await answer.content.readuntil(b"\n\n")
+                first_read.set()
+                return first + await answer.content.read()
+
+    try:
+        body = asyncio.run(read())
+    finally:
+        proxy.stop()
+    assert body == b'data: {"a": 1}\n\ndata: \xff\x00binary\n\ndata: [DONE]\n\n'
+    assert seen[-1]["first event read"] is True
