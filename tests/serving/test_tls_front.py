@@ -8,6 +8,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -264,3 +265,33 @@ def test_the_front_passes_each_event_on_as_it_comes(recorder: Recorder, worker: 
         proxy.stop()
     assert body == b'data: {"a": 1}\n\ndata: \xff\x00binary\n\ndata: [DONE]\n\n'
     assert seen[-1]["first event read"] is True
+
+
+def test_a_fronted_server_restarted_after_its_engine_died_serves_at_the_same_url(
+    tmp_path: Path, worker: SessionTls
+) -> None:
+    """The slot restarts a dead server once: the engine starts again, the front stays."""
+    import os
+    import signal
+    import sys
+
+    command = (sys.executable, "-m", "pytest_modelbench.testing.simserver", "--port", "{port}")
+    launch = Launch("m1", "sim-model", "sim-model", {}, 0, 30.0, engine="command", command=command)
+    listen = {"host": "127.0.0.1", "api_key": KEY, "tls": worker}
+    server = build_server(launch, None, tmp_path / "server.log", tmp_path, listen)
+    assert isinstance(server, FrontedServer)
+    server.start(30.0)
+    try:
+        url = server.base_url
+        os.kill(server.server.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while server.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.is_alive()
+        assert "killed by signal 9" in (server.death_report() or "")
+        assert call(f"{url}/models", worker.client_context()).status == 502
+        server.restart(30.0)
+        assert server.is_alive() and server.base_url == url
+        assert call(f"{url}/models", worker.client_context()).status == 200
+    finally:
+        server.stop()
