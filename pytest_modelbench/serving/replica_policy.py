@@ -205,8 +205,6 @@ class ReplicaPolicy:
         client, launch = self.exchange, self.slot.launch
         if client is None or launch is None:
             return 0
-        if launch.engine != "vllm":  # only vLLM's servers listen for other nodes: build_server
-            need, lend = 0, False
         with self._remote_lock:  # never after stop() released everything
             if self._remote_closed:
                 return 0
@@ -357,7 +355,7 @@ class ReplicaPolicy:
     # -- at this worker's end -----------------------------------------------------------------
     def help_others(self, stop_server: Callable[[], None]) -> None:
         """Nothing left to run here: lend this worker's server as it is to a worker running an
-        item of its launch (of this node; of another, for a vLLM server), or, while an item on
+        item of its launch (of this node or another), or, while an item on
         another node wants servers of a launch that fits this worker's GPUs (and none on this
         node does), serve it on them. ``stop_server`` stops the slot's server (with its
         replicas and sharers)."""
@@ -389,15 +387,15 @@ class ReplicaPolicy:
                 return
 
     def _live(self) -> LiveServer | None:
-        """This worker's own server while it runs (``remote``: a vLLM one, the only engine
-        whose servers listen for other nodes)."""
+        """This worker's own server while it runs (other nodes reach any engine's: vLLM
+        serves TLS itself, the others behind their TLS front)."""
         server, launch = self.slot.server, self.slot.launch
         if server is None or launch is None or not server.is_alive():
             return None
         port = urllib.parse.urlsplit(server.base_url).port
         if port is None:
             return None
-        return LiveServer(launch.key, port, is_https(server), remote=launch.engine == "vllm")
+        return LiveServer(launch.key, port, is_https(server), remote=True)
 
     def _serve_lease(
         self, client: ExchangeClient, lease: str, launch: dict[str, Any], gpus: tuple[str, ...]
@@ -422,7 +420,7 @@ class ReplicaPolicy:
             except Exception as exc:
                 client.call(Offer(lease, note=f"did not start on {self.node}: {exc}"))
                 return False
-            port = getattr(getattr(server, "process", None), "port", None)
+            port = urllib.parse.urlsplit(server.base_url).port  # its TLS front's, if any
             client.call(Offer(lease, port=port, tls=is_https(server)))
             return self._hold_lease(client, lease, server)
         finally:

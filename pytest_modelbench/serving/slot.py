@@ -115,9 +115,9 @@ def build_server(
     listen: Mapping[str, Any] | None = None,
 ) -> ServerHandle:
     """An unstarted server of ``launch`` on ``gpus``, from the engine it names; ``listen``
-    (host, key and TLS): reachable by other nodes, which only vLLM takes without showing the key
-    (``VLLM_API_KEY``, not argv): other engines' servers stay on loopback and are never lent
-    to another node. ValueError: a reserved flag in ``serve.args``."""
+    (host, key and TLS): reachable by other nodes, which vLLM serves itself (``VLLM_API_KEY``,
+    not argv); other engines' servers stay on loopback with no key, behind a mutual-TLS front
+    (``serving/tls_front.py``). ValueError: a reserved flag in ``serve.args``."""
     # lazily: serving loads only when a worker starts a server (pytest start-up)
     from pytest_modelbench.serving.engines import ENGINES
 
@@ -132,7 +132,12 @@ def build_server(
         health=launch.health,
         **(dict(listen) if listen and launch.engine == "vllm" else {}),
     )
-    return ENGINES[launch.engine].server(spec)
+    server = ENGINES[launch.engine].server(spec)
+    if listen and listen.get("tls") is not None and launch.engine != "vllm":
+        from pytest_modelbench.serving.tls_front import FrontedServer  # lazily, as ENGINES
+
+        return FrontedServer(server, listen["tls"], listen["api_key"], listen["host"])
+    return server
 
 
 class SharedServer:

@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ from pytest_modelbench.serving.messages import (
 )
 from pytest_modelbench.serving.tls import SessionTls, session_tls
 from pytest_modelbench.testing import read_log
-from tests.serving.fakevllm import starts
+from tests.serving.fakevllm import starts, write_models
 from tests.serving.test_multihost import FAKE_SSH, FORWARDED
 from tests.serving.test_replicas import BIG, wait_for, write_project
 
@@ -430,13 +431,35 @@ def _tx(root: Path, host: str, gpu: str) -> list[str]:
     return ["--tx", spec + "".join(f"//env:{k}={v}" for k, v in env.items())]
 
 
+def command_engine(root: Path) -> None:
+    """``m1`` served by ``engine: command``: the fake vLLM's simulator as a plain server on
+    loopback, with no key and no TLS of its own (llama.cpp's server, TGI ...)."""
+    script = root / "fakevllm" / "vllm" / "entrypoints" / "openai" / "api_server.py"
+    command = [sys.executable, str(script), "--model", "{model}"]
+    command += ["--served-model-name", "{served_name}", "--host", "{host}", "--port", "{port}"]
+    serve = {"engine": "command", "command": command, "gpus": 1, "startup_timeout": 60}
+    write_models(root, {"m1": {"model": "m1", "serve": serve, "max_concurrent": 4}})
+
+
+def assert_served_for_other_nodes(servers: list[dict[str, Any]], engine: str) -> None:
+    """vLLM serves TLS itself; any other engine stays on loopback with no key, behind its
+    TLS front."""
+    if engine == "vllm":
+        assert all(s["keyed"] and s["bind"] == "0.0.0.0" for s in servers), servers
+        assert all(s["tls"] and s["client_certs"] for s in servers), servers
+    else:
+        assert all(s["bind"] == "127.0.0.1" for s in servers), servers
+        assert not any(s["keyed"] or s["tls"] or s["flags"] for s in servers), servers
+
+
+@pytest.mark.parametrize("engine", ["vllm", "command"])
 def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
-    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     """Two nodes, one GPU and one worker each, one large item. The worker that gets nothing
-    starts the item's model on its own node's GPU, listening with the session's server key,
-    and the item's requests spread over both nodes; everything stops at the end, and the key
-    is written nowhere."""
+    starts the item's model on its own node's GPU, reached with the session's server key over
+    TLS (vLLM's own, or the TLS front of any other engine), and the item's requests spread
+    over both nodes; everything stops at the end, and the key is written nowhere."""
     root = pytester.path
     ssh = root / "fake-ssh"
     ssh.write_text(FAKE_SSH)
@@ -445,6 +468,8 @@ def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
     monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.1")
     monkeypatch.setenv("FAKE_VLLM_SLOTS", "4")
     write_project(root, costs={"big": 1000, "small": 200})
+    if engine == "command":
+        command_engine(root)
     result = pytester.runpytest_subprocess(
         "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load",
         *_tx(root, "a", "0"), *_tx(root, "b", "4"),
@@ -453,11 +478,8 @@ def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
     result.assert_outcomes(passed=1)
     servers = starts(fake_vllm)
     assert sorted((s["host"], s["gpus"]) for s in servers) == [("a", "0"), ("b", "4")], servers
-    assert all(s["keyed"] and s["bind"] == "0.0.0.0" for s in servers), [
-        (s["bind"], s["keyed"]) for s in servers
-    ]
     # TLS from the session's CA, clients' certificates required; the key files are gone
-    assert all(s["tls"] and s["client_certs"] for s in servers), servers
+    assert_served_for_other_nodes(servers, engine)
     assert not list(root.glob("modelbench-tls-*"))
     run = root / "runs" / "r"
     helper = next(
@@ -474,6 +496,8 @@ def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
             os.kill(server["pid"], 0)
     log = root / "runs" / "r" / "servers" / f"{helper['worker']}-m1-for-another-node.log"
     assert "VLLM_API_KEY" not in log.read_text()
+    if engine != "vllm":
+        return  # its engine never saw the key
     (key,) = {s["key"] for s in servers}  # one session, one key
     assert len(key) == 32
     for path in (root / "runs").rglob("*"):
@@ -483,12 +507,14 @@ def test_a_worker_with_nothing_left_serves_an_item_of_another_node(
     assert json.loads((run / "run_manifest.json").read_text())["items"]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "command"])
 def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
-    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     """Two nodes, one model: when the small item's worker is done, its live server (already
-    serving the model, on its node's network) answers the big item's requests on the other
-    node at once, without a start, and stops when the big item's worker lets it go."""
+    serving the model, on its node's network: vLLM itself, any other engine through its TLS
+    front) answers the big item's requests on the other node at once, without a start, and
+    stops when the big item's worker lets it go."""
     root = pytester.path
     ssh = root / "fake-ssh"
     ssh.write_text(FAKE_SSH)
@@ -497,6 +523,8 @@ def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
     monkeypatch.setenv("FAKE_VLLM_LATENCY", "0.2")
     monkeypatch.setenv("FAKE_VLLM_SLOTS", "4")
     write_project(root, costs={"big": 1000, "small": 200})
+    if engine == "command":
+        command_engine(root)
     result = pytester.runpytest_subprocess(
         "benchmarks/", "--model", "m1", "--dist", "load",
         *_tx(root, "a", "0"), *_tx(root, "b", "4"),
@@ -505,7 +533,7 @@ def test_a_worker_with_nothing_left_lends_its_server_to_another_node(
     result.assert_outcomes(passed=2)
     servers = starts(fake_vllm)
     assert sorted(s["host"] for s in servers) == ["a", "b"], servers  # no third start
-    assert all(s["tls"] and s["client_certs"] for s in servers), servers  # lent over TLS
+    assert_served_for_other_nodes(servers, engine)  # lent over TLS
     logs = {h: read_log(root / f"requests-{h}.jsonl") for h in "ab"}
     (small_host,) = [h for h, log in logs.items() if any("small" in r.key for r in log)]
     lent = [r for r in logs[small_host] if "big" in r.key]

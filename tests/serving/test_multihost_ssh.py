@@ -664,21 +664,26 @@ def read_all(sock: socket.socket) -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", ["vllm", "command"])
 def test_nothing_listens_on_the_network_in_clear(
-    pytester: pytest.Pytester, fake_vllm: Path, ssh_nodes: dict[str, Node]
+    pytester: pytest.Pytester, fake_vllm: Path, ssh_nodes: dict[str, Node], engine: str
 ) -> None:
     """Two nodes over real ssh, one large item that both serve (as in the test above). While
     the session runs, every socket a process of it listens on outside loopback (the
-    controller's exchange, the item's server, the servers the other node starts for it)
-    answers neither plain HTTP nor TLS from a client without the session's certificate, and
-    shows a certificate of the session's CA; a capture of the interface the nodes talk over
-    holds no bearer token going to or from those sockets, only TLS."""
+    controller's exchange, the item's server, the servers the other node starts for it:
+    vLLM's own, or the TLS fronts of a ``command`` engine that stays on loopback) answers
+    neither plain HTTP nor TLS from a client without the session's certificate, and shows a
+    certificate of the session's CA; a capture of the interface the nodes talk over holds no
+    bearer token going to or from those sockets, only TLS."""
+    from tests.serving.test_exchange import command_engine
     from tests.serving.test_replicas import BIG
 
     if os.geteuid() != 0:
         pytest.skip("the capture needs a packet socket (CAP_NET_RAW): run as root")
     root = pytester.path
     specs = _big_item_on_two_nodes(root)
+    if engine == "command":
+        command_engine(root)
     args = [
         "benchmarks/", "--model", "m1", "-k", "big", "--dist", "load", *specs,
         "--run-id", "r", "-p", "no:cacheprovider",
@@ -713,7 +718,12 @@ def test_nothing_listens_on_the_network_in_clear(
     # the item's server and the other node's servers (they listen on every interface) and
     # the exchange (in the controller, which runs no server) were all found listening
     servers = starts(fake_vllm)
-    networked = {s["pid"] for s in servers if s["bind"] == "0.0.0.0"}
+    if engine == "vllm":
+        networked = {s["pid"] for s in servers if s["bind"] == "0.0.0.0"}
+    else:  # the engine on loopback, its front in the worker that started it
+        assert all(s["bind"] == "127.0.0.1" and not s["keyed"] for s in servers), servers
+        networked = {s["ppid"] for s in servers}
+        servers = [{**s, "pid": s["ppid"]} for s in servers]
     assert {s["host"] for s in servers if s["pid"] in networked} == set(HOSTS), servers
     assert networked <= {p.pid for p in probes}, (servers, probes)
     assert {p.pid for p in probes} - networked, probes  # the exchange
@@ -726,11 +736,11 @@ def test_nothing_listens_on_the_network_in_clear(
     # the nodes' traffic to those sockets was all TLS, and carried no bearer token in clear
     ours = set().union(*(found.ports for found in probes.values()))
     flows = capture.to_and_from({p.port for p in probes}, but=ours)
-    (key,) = {s["key"] for s in servers if s["pid"] in networked}  # the session's server key
+    keys = {s["key"] for s in servers if s["pid"] in networked and s["key"]}  # vLLM's
     assert sum(map(len, flows.values())) > BIG * 100, "the capture saw the item's requests"
     for ports, data in flows.items():
         assert data[:1] == b"\x16", ports  # each direction opens with a TLS handshake record
-        assert key.encode() not in data and b"Bearer" not in data, ports
+        assert b"Bearer" not in data and not any(k.encode() in data for k in keys), ports
 
 
 def _big_item_on_two_nodes(root: Path) -> list[str]:
