@@ -291,18 +291,22 @@ class ExchangeClient:
     async def _resume(self, why: str) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RESUME_S
+        lost = f"{why}, and was not made again within {RESUME_S:.0f} s"
         try:
             while not self._closed and self.failure is None:
                 try:
                     await self._connect()
                     return
-                except OSError:  # refused, unreachable, or no hello answered
+                except OSError as exc:  # refused, unreachable, or no hello answered
+                    if _refused(exc):  # nothing listens where the exchange was: it has ended
+                        lost = f"{why}, and the exchange no longer listens"
+                        break
                     if loop.time() >= deadline:
                         break
                     await asyncio.sleep(min(RETRY_S, max(0.0, deadline - loop.time())))
         finally:
             self._resuming = False
-        self._lost(f"{why}, and was not made again within {RESUME_S:.0f} s")
+        self._lost(lost)
 
     def _tell(self, message: Message) -> None:
         for listener in list(self._listeners):
@@ -337,3 +341,12 @@ class ExchangeClient:
 async def _abandon(socket: ClientWebSocketResponse[bool]) -> None:
     with contextlib.suppress(Exception):
         await asyncio.wait_for(socket.close(), CALL_TIMEOUT_S)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connect failed because nothing listens there (the controller's exchange
+    stopped), not because the network dropped (which a resume rides out)."""
+    cause = exc.__cause__
+    return isinstance(cause, ConnectionRefusedError) or isinstance(
+        getattr(cause, "os_error", None), ConnectionRefusedError
+    )

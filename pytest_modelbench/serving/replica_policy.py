@@ -392,7 +392,7 @@ class ReplicaPolicy:
         server, launch = self.slot.server, self.slot.launch
         if server is None or launch is None or not server.is_alive():
             return None
-        port = urllib.parse.urlsplit(server.base_url).port
+        port = urllib.parse.urlsplit(lend_url(server)).port
         if port is None:
             return None
         return LiveServer(launch.key, port, is_https(server), remote=True)
@@ -420,7 +420,7 @@ class ReplicaPolicy:
             except Exception as exc:
                 client.call(Offer(lease, note=f"did not start on {self.node}: {exc}"))
                 return False
-            port = urllib.parse.urlsplit(server.base_url).port  # its TLS front's, if any
+            port = urllib.parse.urlsplit(lend_url(server)).port  # its TLS front's, if any
             client.call(Offer(lease, port=port, tls=is_https(server)))
             return self._hold_lease(client, lease, server)
         finally:
@@ -442,9 +442,15 @@ class ReplicaPolicy:
                 return False
 
 
+def lend_url(server: Server) -> str:
+    """Where other nodes reach ``server``: its TLS front's URL for an engine behind one,
+    else its own (vLLM serves TLS itself)."""
+    return str(getattr(server, "lend_url", None) or server.base_url)
+
+
 def is_https(server: Server) -> bool:
-    """Whether ``server`` serves TLS (its URL says so)."""
-    return str(server.base_url).startswith("https://")
+    """Whether other nodes reach ``server`` over TLS (its lent URL says so)."""
+    return lend_url(server).startswith("https://")
 
 
 class RemoteServer:

@@ -160,7 +160,8 @@ class TlsFront:
 
 
 class FrontedServer:
-    """An engine server on loopback behind a :class:`TlsFront` (its ``base_url`` once ready)."""
+    """An engine server on loopback behind a :class:`TlsFront`: its own worker sends to the
+    engine (``base_url``), other nodes to the front (``lend_url``, once ready)."""
 
     def __init__(self, server: ServerHandle, tls: SessionTls, api_key: str, host: str) -> None:
         self.server = server
@@ -172,6 +173,12 @@ class FrontedServer:
 
     @property
     def base_url(self) -> str:
+        """The engine's own URL, on loopback: this worker's items go there directly."""
+        return self.server.base_url
+
+    @property
+    def lend_url(self) -> str:
+        """The front's https URL once ready: what other nodes are given."""
         return f"{self._front.root_url}/v1" if self._front.is_alive() else self.server.base_url
 
     @property
@@ -223,4 +230,4 @@ class FrontedServer:
         return report
 
     def __repr__(self) -> str:
-        return f"<FrontedServer {self.server!r} at {self.base_url}>"
+        return f"<FrontedServer {self.server!r} at {self.lend_url}>"

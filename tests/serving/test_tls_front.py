@@ -222,15 +222,16 @@ def test_an_engine_that_serves_other_nodes_is_fronted(
     inner = server.server
     server.start(30.0)
     try:
-        assert server.base_url.startswith("https://127.0.0.1:")
+        assert server.lend_url.startswith("https://127.0.0.1:")
         assert inner.base_url.startswith("http://127.0.0.1:")
+        assert server.base_url == inner.base_url  # its own worker's items: no front between
         argv = inner.process.argv  # type: ignore[attr-defined]
         assert KEY not in " ".join(argv) and "--api-key" not in argv
         assert argv[argv.index("--port") + 1] == str(urllib.parse.urlsplit(inner.base_url).port)
-        reply = call(f"{server.base_url}/models", worker.client_context())
+        reply = call(f"{server.lend_url}/models", worker.client_context())
         assert reply.status == 200 and b"sim-model" in reply.body
-        assert call(f"{server.base_url}/models", worker.client_context(), "no").status == 401
-        front_url = server.base_url
+        assert call(f"{server.lend_url}/models", worker.client_context(), "no").status == 401
+        front_url = server.lend_url
     finally:
         server.stop()
     assert not inner.is_alive()
@@ -282,7 +283,7 @@ def test_a_fronted_server_restarted_after_its_engine_died_serves_at_the_same_url
     assert isinstance(server, FrontedServer)
     server.start(30.0)
     try:
-        url = server.base_url
+        url = server.lend_url
         os.kill(server.server.process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
         deadline = time.monotonic() + 10
         while server.is_alive() and time.monotonic() < deadline:
@@ -291,7 +292,7 @@ def test_a_fronted_server_restarted_after_its_engine_died_serves_at_the_same_url
         assert "killed by signal 9" in (server.death_report() or "")
         assert call(f"{url}/models", worker.client_context()).status == 502
         server.restart(30.0)
-        assert server.is_alive() and server.base_url == url
+        assert server.is_alive() and server.lend_url == url
         assert call(f"{url}/models", worker.client_context()).status == 200
     finally:
         server.stop()
