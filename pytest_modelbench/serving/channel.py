@@ -214,13 +214,16 @@ class ExchangeClient:
                     trust_env=False,
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=CALL_TIMEOUT_S),
                 )
-            try:
-                socket = await self._session.ws_connect(
-                    self.url + PATH,
-                    headers={"Authorization": f"Bearer {self._token}"},
-                    ssl=self.context if self.context is not None else False,
-                    heartbeat=HEARTBEAT_S,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=CALL_TIMEOUT_S),
+            try:  # bounded as a whole: a peer may finish TLS and then never upgrade
+                socket = await asyncio.wait_for(
+                    self._session.ws_connect(
+                        self.url + PATH,
+                        headers={"Authorization": f"Bearer {self._token}"},
+                        ssl=self.context if self.context is not None else False,
+                        heartbeat=HEARTBEAT_S,
+                        timeout=aiohttp.ClientWSTimeout(ws_close=CALL_TIMEOUT_S),
+                    ),
+                    CALL_TIMEOUT_S,
                 )
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                 self._failures += 0 if self._resuming else 1  # resuming: RESUME_S decides
@@ -233,8 +236,15 @@ class ExchangeClient:
             self._ref += 1
             hello: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
             self._pending[self._ref] = hello
-            await socket.send_str(encode(Hello(self.worker), self._ref))
-            answer = await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            try:
+                await socket.send_str(encode(Hello(self.worker), self._ref))
+                answer = await asyncio.wait_for(hello, CALL_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                # not greeted: not a connection to call on (calls would get "hello first")
+                if self._socket is socket:
+                    self._socket = None
+                await _abandon(socket, DROPPED)
+                raise OSError(f"the session's exchange did not answer its hello ({exc})") from exc
             if isinstance(answer, Ack) and answer.error is not None:  # refused for good
                 self.failure = f"the session's exchange at {self.url} refused: {answer.error}"
                 await socket.close()
@@ -270,8 +280,8 @@ class ExchangeClient:
         finally:
             if self._socket is socket:  # never used again, whatever state it is in
                 self._socket = None
-                if not socket.closed:
-                    asyncio.get_running_loop().create_task(_abandon(socket))
+                if not socket.closed:  # not a clean close: the exchange waits for a resume
+                    asyncio.get_running_loop().create_task(_abandon(socket, DROPPED))
             why = f"the session's exchange at {self.url}: the connection {why}"
             if dropped and not self._closed and self.failure is None:
                 self._dropped(why)
@@ -338,9 +348,12 @@ class ExchangeClient:
             await self._session.close()
 
 
-async def _abandon(socket: ClientWebSocketResponse[bool]) -> None:
+DROPPED = 1011  # a close that is no worker's end (a failed read, an unanswered hello)
+
+
+async def _abandon(socket: ClientWebSocketResponse[bool], code: int = 1000) -> None:
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(socket.close(), CALL_TIMEOUT_S)
+        await asyncio.wait_for(socket.close(code=code), CALL_TIMEOUT_S)
 
 
 def _refused(exc: BaseException) -> bool:

@@ -99,7 +99,13 @@ class TlsFront:
     async def _serve(self) -> None:
         app = web.Application(client_max_size=_MAX_BODY)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(  # a client that leaves cancels its request to the engine
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=1.0,
+            handler_cancellation=True,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, 0, ssl_context=self._tls.server_context())
         await site.start()
@@ -150,9 +156,11 @@ class TlsFront:
                 return response
         except (ClientError, OSError) as exc:
             if response is not None and response.prepared:
-                raise  # the engine or the client left mid-reply: the connection is dropped
+                if request.transport is not None:  # the reply cannot be ended: drop it
+                    request.transport.close()
+                return response  # the engine or the client left mid-reply: dropped, no trace
             if request.transport is None or request.transport.is_closing():
-                raise  # the client left: nothing to answer
+                return web.Response(status=499)  # the client left: nobody reads an answer
             return web.json_response(
                 {"error": {"message": f"the engine behind the TLS front: {exc}", "code": 502}},
                 status=502,

@@ -187,7 +187,11 @@ def test_the_front_refuses_a_client_without_a_certificate_of_the_session(
     ca_only = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA, shows no certificate
     ca_only.check_hostname = False
     ca_only.load_verify_locations(cadata=worker.ca)
-    stranger = session_tls()[1].client_context()  # another session's worker
+    stranger = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts this CA, shows another's
+    stranger.check_hostname = False
+    stranger.load_verify_locations(cadata=worker.ca)
+    with session_tls()[1].files() as (foreign, _ca):  # another session's worker certificate
+        stranger.load_cert_chain(foreign)
     for context in (ca_only, stranger):
         with pytest.raises(blocking.Unreachable):
             call(f"{front.root_url}/v1/models", context)
