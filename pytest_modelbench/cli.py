@@ -400,7 +400,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     import warnings
 
     from pytest_modelbench.serving.base import ServingError
-    from pytest_modelbench.serving.gpus import GpuSpecError, discover_gpus, lock_notes
+    from pytest_modelbench.serving.gpu_claims import lock_notes
+    from pytest_modelbench.serving.gpu_discovery import discover_gpus
+    from pytest_modelbench.serving.gpus import GpuSpecError
     from pytest_modelbench.serving.holders import gib
 
     try:

@@ -292,7 +292,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if not served:
         return None
     # lazily: loaded only when the hook runs (pytest start-up)
-    from pytest_modelbench.serving.gpus import GpuWarning, auto_num_workers
+    from pytest_modelbench.serving.gpu_discovery import GpuWarning
+    from pytest_modelbench.serving.gpus import auto_num_workers
 
     per_server = max((i.model.serve.gpus if i.model.serve else 1) for i in served)
     with warnings.catch_warnings():  # a busy GPU: each worker's claim says so in the summary

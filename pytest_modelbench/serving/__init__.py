@@ -16,14 +16,9 @@ from pytest_modelbench.serving.base import (
     ServingError,
 )
 from pytest_modelbench.serving.engines import ENGINES, engine_for
-from pytest_modelbench.serving.gpus import (
-    GpuClaim,
-    GpuWarning,
-    NoFreeGpuError,
-    auto_num_workers,
-    claim,
-    discover_gpus,
-)
+from pytest_modelbench.serving.gpu_claims import GpuClaim, NoFreeGpuError, claim
+from pytest_modelbench.serving.gpu_discovery import GpuWarning, discover_gpus
+from pytest_modelbench.serving.gpus import auto_num_workers
 from pytest_modelbench.serving.smoke import SMOKE_MODEL_NAME, build_smoke_model
 from pytest_modelbench.serving.vllm import VllmEngine, VllmServer
 

@@ -51,7 +51,7 @@ def this_node() -> str:
     # lazily: serving loads only when a worker starts a server (pytest start-up)
     import socket
 
-    from pytest_modelbench.serving.gpus import default_lock_dir
+    from pytest_modelbench.serving.gpu_claims import default_lock_dir
 
     return f"{socket.gethostname()}:{default_lock_dir()}"
 

@@ -1,4 +1,4 @@
-"""``flock`` probes for the GPU claim files (``gpus.py``): the locks that coordinate
+"""``flock`` probes for the GPU claim files (``gpu_claims.py``): the locks that coordinate
 independent pytest sessions and users on a host, which the kernel drops when a process dies."""
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ class ServerPool:
 
     def _start(self, item: PlannedItem, served: str) -> None:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.gpus import NoFreeGpuError
+        from pytest_modelbench.serving.gpu_claims import NoFreeGpuError
 
         launch = self._launch(item, served)
         try:
@@ -272,7 +272,7 @@ class ServerPool:
     ) -> SharedServer | tuple[str, ...]:
         # lazily: serving loads only when a worker starts a server (pytest start-up)
         from pytest_modelbench.serving.base import ServingError
-        from pytest_modelbench.serving.gpus import NoFreeGpuError, held_by_session
+        from pytest_modelbench.serving.gpu_claims import NoFreeGpuError, held_by_session
         from pytest_modelbench.serving.sharing import share
 
         assert self.session is not None

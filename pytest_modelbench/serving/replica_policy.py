@@ -287,7 +287,7 @@ class ReplicaPolicy:
         if len(candidates) < n:
             return None
         # lazily: serving loads only when a worker starts a server (pytest start-up)
-        from pytest_modelbench.serving.gpus import session_gpus
+        from pytest_modelbench.serving.gpu_claims import session_gpus
 
         given_back = set(session_gpus(self.session)) & candidates
         found = self.claimer.spare(n, given_back) if len(given_back) >= n else None

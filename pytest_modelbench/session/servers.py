@@ -158,7 +158,8 @@ class SessionServers:
         if not served:
             return []
         # lazily: loaded only when this runs, not at every pytest start-up
-        from pytest_modelbench.serving.gpus import GpuWarning, free_gpu_count, sharing_plan
+        from pytest_modelbench.serving.gpu_discovery import GpuWarning
+        from pytest_modelbench.serving.gpus import free_gpu_count, sharing_plan
 
         per_server = max(i.model.serve.gpus if i.model.serve else 1 for i in served)
         with warnings.catch_warnings():  # discovery's own warnings come from the workers' claims
@@ -176,7 +177,7 @@ class SessionServers:
         if all(item.model.api_base_url or item.model.solutions for item in plan.items):
             return []
         # lazily: only sessions that serve models look for GPUs here
-        from pytest_modelbench.serving.gpus import discover_gpus
+        from pytest_modelbench.serving.gpu_discovery import discover_gpus
 
         try:
             with warnings.catch_warnings():

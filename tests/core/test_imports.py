@@ -100,6 +100,7 @@ def test_a_session_that_serves_no_model_builds_no_server_pool(project: Project, 
         "pytest_modelbench.serving.pool",
         "pytest_modelbench.serving.replicas",
         "pytest_modelbench.serving.exchange",
+        "pytest_modelbench.serving.exchange_book",
         "pytest_modelbench.serving.channel",
         "pytest_modelbench.serving.messages",
     }, line

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_modelbench.serving.gpus import BUSY_ENV, FAKE_ENV
+from pytest_modelbench.serving.gpu_discovery import BUSY_ENV, FAKE_ENV
 
 FAKE_VLLM = r'''
 """Stands in for `python -m vllm.entrypoints.openai.api_server ...` (mode from FAKE_VLLM_MODE)."""

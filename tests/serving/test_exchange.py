@@ -22,7 +22,8 @@ import pytest
 
 from pytest_modelbench.running import blocking
 from pytest_modelbench.serving.channel import WORKERINPUT_KEY, ExchangeClient, client_from
-from pytest_modelbench.serving.exchange import Exchange, ExchangeBook, reachable_url, tx_nodes
+from pytest_modelbench.serving.exchange import Exchange, reachable_url, tx_nodes
+from pytest_modelbench.serving.exchange_book import ExchangeBook
 from pytest_modelbench.serving.messages import (
     Ack,
     AskWork,

@@ -13,21 +13,17 @@ from pathlib import Path
 import pytest
 
 from pytest_modelbench.serving.base import ServingError
-from pytest_modelbench.serving.gpus import (
+from pytest_modelbench.serving.gpu_claims import NoFreeGpuError, claim, tensor_parallel_warning
+from pytest_modelbench.serving.gpu_discovery import (
     FAKE_ENV,
     FakeGpuProvider,
     Gpu,
     GpuDiscoveryError,
-    GpuSpecError,
     GpuWarning,
-    NoFreeGpuError,
     NvidiaSmiProvider,
-    auto_num_workers,
-    claim,
     discover_gpus,
-    parse_gpu_list,
-    tensor_parallel_warning,
 )
+from pytest_modelbench.serving.gpus import GpuSpecError, auto_num_workers, parse_gpu_list
 
 FOUR = "0:0,1:0,2:0,3:0"
 
@@ -216,7 +212,7 @@ CLAIMER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from pytest_modelbench.serving.gpus import NoFreeGpuError, claim
+    from pytest_modelbench.serving.gpu_claims import NoFreeGpuError, claim
     try:
         got = claim(int(sys.argv[2]), Path(sys.argv[1]))
     except NoFreeGpuError as exc:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pytest_modelbench.cli import main
-from pytest_modelbench.serving.gpus import GpuWarning, NoFreeGpuError, claim
+from pytest_modelbench.serving.gpu_claims import NoFreeGpuError, claim
+from pytest_modelbench.serving.gpu_discovery import GpuWarning
 
 GIB = 2**30
 CODE = "print('ready', flush=True); import time; time.sleep(120)"

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_modelbench.serving.gpus import (
+from pytest_modelbench.serving.gpu_claims import NoFreeGpuError, claim
+from pytest_modelbench.serving.gpu_discovery import (
     Gpu,
     GpuDiscoveryError,
     GpuWarning,
-    NoFreeGpuError,
     NvidiaSmiProvider,
     NvmlProvider,
-    auto_num_workers,
-    claim,
     discover_gpus,
 )
+from pytest_modelbench.serving.gpus import auto_num_workers
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi"
 H100 = "GPU-f5c2614b-dd10-01d3-aca1-b616991f60e0"

@@ -11,14 +11,9 @@ import pytest
 
 from pytest_modelbench.errors import EvaluationError, ModelbenchUsageError
 from pytest_modelbench.serving.base import ServerStartError
-from pytest_modelbench.serving.gpus import (
-    FAKE_ENV,
-    LOCK_DIR_ENV,
-    GpuClaimer,
-    GpuWarning,
-    NoFreeGpuError,
-    session_gpus,
-)
+from pytest_modelbench.serving.gpu_claims import LOCK_DIR_ENV, NoFreeGpuError, session_gpus
+from pytest_modelbench.serving.gpu_discovery import FAKE_ENV, GpuWarning
+from pytest_modelbench.serving.gpus import GpuClaimer
 from pytest_modelbench.serving.slot import Launch, ServerDiedWarning, ServerSlot
 
 

@@ -20,7 +20,7 @@ import yaml
 
 from pytest_modelbench.running.runner import run_lanes
 from pytest_modelbench.running.urls import UrlSet
-from pytest_modelbench.serving.gpus import claim, session_gpus
+from pytest_modelbench.serving.gpu_claims import claim, session_gpus
 from pytest_modelbench.serving.replicas import RateMeter, ReplicaSet, Server, replicas_that_pay
 from pytest_modelbench.testing import read_log
 from tests.serving.fakevllm import serve_spec, starts, write_models

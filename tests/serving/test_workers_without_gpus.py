@@ -98,7 +98,7 @@ def test_ctrl_c_while_a_worker_waits_for_the_sessions_gpu(
 
 HOLDER = """
 import sys
-from pytest_modelbench.serving.gpus import claim
+from pytest_modelbench.serving.gpu_claims import claim
 held = claim(1, option=sys.argv[1], session=sys.argv[2])
 print("held", flush=True)
 sys.stdin.read()
@@ -128,7 +128,7 @@ def test_gpus_held_by_others_still_fail_after_the_startup_timeout(
     from pytest_modelbench.serving import pool as pool_module
     from pytest_modelbench.serving.channel import WORKERINPUT_KEY, client_from, this_node
     from pytest_modelbench.serving.exchange import Exchange
-    from pytest_modelbench.serving.gpus import NoFreeGpuError
+    from pytest_modelbench.serving.gpu_claims import NoFreeGpuError
     from pytest_modelbench.serving.pool import ServerPool
     from pytest_modelbench.serving.slot import Launch
 
