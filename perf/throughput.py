@@ -863,15 +863,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(tools) - set(TOOLS))
     if unknown or not tools:
         parser.error(f"--tools: unknown {unknown or args.tools!r}; choose from {', '.join(TOOLS)}")
-    if args.requests < 1 or args.repeat < 1:
-        parser.error("--requests and --repeat must be at least 1")
-    setups = parse_setups(args.setups, args.requests)  # the arguments first, then the machine
+    setups = parse_setups(args.setups, args.requests)  # before the tools' installations
     missing = missing_tools(tools)
     if missing:
         parser.error(
             f"--tools: not installed in {sys.prefix}: {', '.join(missing)}; "
             "install them or leave them out of --tools"
         )
+    if args.requests < 1 or args.repeat < 1:
+        parser.error("--requests and --repeat must be at least 1")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mb-throughput-"))
     work.mkdir(parents=True, exist_ok=True)
     print(
