@@ -4,7 +4,9 @@ held open from the first call to the worker's end, for requests and the events p
 The connection is the worker's presence: a worker that closes it, or whose process ended
 (the controller is told by xdist), has ended. A connection that drops (a network blip, or
 this process stalled past the heartbeat) is made again, as the same worker, within
-``RESUME_S``; the exchange keeps what the worker holds meanwhile. A worker whose exchange
+``RESUME_S``; the exchange keeps what the worker holds meanwhile, and replays the events
+after the last one this worker received (its :class:`Hello` says which); a call whose effect
+must not be lost (``messages.lasting``) is sent again once it is made again. A worker whose exchange
 closes the connection, cannot be reached ``FAILURES`` times in a row, or is not reached again
 within ``RESUME_S``, stops calling: the failure is kept in :attr:`ExchangeClient.failure`
 for the worker to report (replicas only help).
@@ -26,8 +28,9 @@ from pytest_modelbench.serving.messages import (
     Ack,
     Hello,
     Message,
-    decode,
+    decode_frame,
     encode,
+    lasting,
 )
 from pytest_modelbench.serving.tls import SessionTls
 
@@ -124,6 +127,7 @@ class ExchangeClient:
         self._connecting: asyncio.Lock | None = None
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._ref = 0
+        self._seen = 0  # the last event (seq) received: later ones are replayed on a resume
         self.context: ssl.SSLContext | None = None  # the socket, and servers of other nodes
         try:  # a full or read-only temp dir turns replicas across nodes off, never the items
             self.context = tls.client_context() if tls is not None else None
@@ -149,8 +153,9 @@ class ExchangeClient:
         if loop is None:  # closed by this worker
             return None
         future = asyncio.run_coroutine_threadsafe(self._call(message), loop)
+        bound = CALL_TIMEOUT_S * 3 + (RESUME_S if lasting(message) else 0.0)
         try:
-            reply = future.result(timeout=CALL_TIMEOUT_S * 3)
+            reply = future.result(timeout=bound)
         except (OSError, ValueError, TimeoutError, asyncio.TimeoutError):
             future.cancel()  # a connection still being made is given up, not left running
             return None
@@ -191,6 +196,20 @@ class ExchangeClient:
             return self._loop
 
     async def _call(self, message: Message) -> Message:
+        """The reply to ``message``; one whose effect must not be lost is sent again while a
+        dropped connection is being made again (within ``RESUME_S``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_S
+        while True:
+            try:
+                return await self._call_once(message)
+            except OSError:  # ConnectionError among them: the connection dropped
+                again = not self._closed and self.failure is None and loop.time() < deadline
+                if not (lasting(message) and again):
+                    raise
+            await asyncio.sleep(min(RETRY_S, max(0.0, deadline - loop.time())))
+
+    async def _call_once(self, message: Message) -> Message:
         socket = await self._connect()
         self._ref += 1
         ref = self._ref
@@ -237,7 +256,7 @@ class ExchangeClient:
             hello: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
             self._pending[self._ref] = hello
             try:
-                await socket.send_str(encode(Hello(self.worker), self._ref))
+                await socket.send_str(encode(Hello(self.worker, seen=self._seen), self._ref))
                 answer = await asyncio.wait_for(hello, CALL_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
                 # not greeted: not a connection to call on (calls would get "hello first")
@@ -265,13 +284,14 @@ class ExchangeClient:
                 if frame.type != aiohttp.WSMsgType.TEXT:
                     continue
                 try:
-                    ref, message = decode(frame.data)
+                    ref, seq, message = decode_frame(frame.data)
                 except ValueError:
                     continue
                 waiter = self._pending.get(ref) if ref else None
                 if waiter is not None and not waiter.done():
                     waiter.set_result(message)
-                elif not ref:
+                elif not ref and (not seq or seq > self._seen):  # not one seen already
+                    self._seen = max(self._seen, seq)
                     self._tell(message)
             dropped = socket.close_code not in CLEAN_CLOSE  # nobody closed it on purpose
         except Exception as exc:  # a socket that fails: the connection is made again

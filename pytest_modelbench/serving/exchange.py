@@ -12,8 +12,10 @@ keeps, helps, lends, shares and waits, without the transport).
 A worker's end is its connection's close by the worker, or its process's end, which xdist
 tells the controller (:meth:`Exchange.worker_down`) at once. A connection that drops without
 a close (a network blip, a process stalled past the WebSocket's heartbeat, ``HEARTBEAT_S``)
-may be made again by the same worker within ``RESUME_S``; what it holds is kept, and events
-for it wait, until then; after that, it has ended. A keeper's leases are then released, a
+may be made again by the same worker within ``RESUME_S``; what it holds is kept until then,
+and every event pushed to it is numbered and kept (the last ``KEPT_EVENTS``), so that those
+it did not receive (pushed while it was away, or to a connection that dropped before the
+exchange noticed) are replayed, in order, when it greets again; after that, it has ended. A keeper's leases are then released, a
 helper's are lost. The controller listens on loopback unless a node is reached over the
 network.
 """
@@ -27,14 +29,16 @@ import ipaddress
 import secrets
 import threading
 import urllib.parse
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_modelbench.secrets import remember
 from pytest_modelbench.serving.exchange_book import Events, ExchangeBook
 from pytest_modelbench.serving.messages import (
     CLEAN_CLOSE,
+    KEPT_EVENTS,
     PATH,
     RESUME_S,
     SCHEMA_VERSION,
@@ -117,12 +121,18 @@ def _url(host: str, port: int, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
+async def _close(connection: _Connection) -> None:
+    with contextlib.suppress(Exception):
+        await connection.socket.close()
+
+
 @dataclass(eq=False)
 class _Connection:
     worker: str
     socket: web.WebSocketResponse
     peer: str  # the worker's address, as the controller sees it
     local: str  # the controller's address the worker called
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)  # events go out in order
 
 
 class Exchange:
@@ -140,7 +150,9 @@ class Exchange:
         self.port = 0
         self.connections: dict[str, _Connection] = {}
         self._absent: dict[str, asyncio.TimerHandle] = {}  # dropped, may connect again
-        self._missed: dict[str, list[Message]] = {}  # events for them meanwhile
+        self._seq: dict[str, int] = {}  # the last event pushed to each worker
+        self._kept: dict[str, deque[tuple[int, Message]]] = {}  # (seq, event), to replay
+        self._closing: set[asyncio.Task[None]] = set()  # dropped connections being closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -189,11 +201,11 @@ class Exchange:
         timer = self._absent.pop(worker, None)
         if timer is not None:
             timer.cancel()
-        self._missed.pop(worker, None)
+        self._kept.pop(worker, None)
 
     def _absent_too_long(self, worker: str) -> None:
         self._absent.pop(worker, None)
-        self._missed.pop(worker, None)
+        self._kept.pop(worker, None)
         asyncio.get_running_loop().create_task(self._push(self.book.gone(worker)))
 
     def _push_soon(self, events: Events) -> None:
@@ -257,7 +269,7 @@ class Exchange:
                         break
                     peer = (request.remote or "", str(sockname[0]) if sockname else "")
                     connection = _Connection(message.worker, socket, *peer)
-                    await self._greet(connection, ref)
+                    await self._greet(connection, ref, message.seen)
                     continue
                 try:
                     reply, events = self._handle(connection, message)
@@ -270,20 +282,28 @@ class Exchange:
                 await self._ended(connection)
         return socket
 
-    async def _greet(self, connection: _Connection, ref: int) -> None:
+    async def _greet(self, connection: _Connection, ref: int, seen: int) -> None:
         """``connection`` holds its worker from now on (one it made again in time resumes:
-        nothing it held was lost, and the events it missed follow)."""
+        nothing it held was lost, and the events after the last it received, ``seen``,
+        follow in order, before any newer one)."""
         worker = connection.worker
         older = self.connections.get(worker)
-        self.connections[worker] = connection
-        timer = self._absent.pop(worker, None)
-        if timer is not None:
-            timer.cancel()
-        await connection.socket.send_str(encode(Ack(), ref))
-        if older is not None:  # one that dropped unnoticed yet
-            with contextlib.suppress(Exception):
-                await older.socket.close()
-        await self._push([(worker, event) for event in self._missed.pop(worker, [])])
+        kept = self._kept.setdefault(worker, deque(maxlen=KEPT_EVENTS))
+        while kept and kept[0][0] <= seen:  # received: acknowledged
+            kept.popleft()
+        async with connection.sending:
+            self.connections[worker] = connection
+            timer = self._absent.pop(worker, None)
+            if timer is not None:
+                timer.cancel()
+            replay = list(kept)
+            await connection.socket.send_str(encode(Ack(), ref))
+            for seq, event in replay:
+                await self._send(connection, event, seq)
+        if older is not None:  # one that dropped unnoticed yet: closed aside, never waited for
+            closing = asyncio.get_running_loop().create_task(_close(older))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def _ended(self, connection: _Connection) -> None:
         """``connection`` closed: closed by its worker, the worker has ended; dropped, it may
@@ -295,7 +315,6 @@ class Exchange:
         if connection.socket.close_code in CLEAN_CLOSE or self._loop is None:
             await self._push(self.book.gone(worker))
             return
-        self._missed.setdefault(worker, [])
         loop = asyncio.get_running_loop()
         self._absent[worker] = loop.call_later(RESUME_S, self._absent_too_long, worker)
 
@@ -330,15 +349,23 @@ class Exchange:
     async def _push(self, events: Events) -> None:
         for worker, event in events:
             connection = self.connections.get(worker)
-            if connection is None:
-                if worker in self._absent:  # told when it connects again
-                    self._missed.setdefault(worker, []).append(event)
+            if connection is None and worker not in self._absent:
+                continue  # never connected, or ended
+            seq = self._seq[worker] = self._seq.get(worker, 0) + 1
+            self._kept.setdefault(worker, deque(maxlen=KEPT_EVENTS)).append((seq, event))
+            if connection is None:  # away: replayed when it connects again
                 continue
-            if isinstance(event, LeaseReady):
-                url = reachable_url(event.url, connection.peer, connection.local)
-                event = LeaseReady(event.lease, url)
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await connection.socket.send_str(encode(event))
+            async with connection.sending:
+                await self._send(connection, event, seq)
+
+    @staticmethod
+    async def _send(connection: _Connection, event: Message, seq: int) -> None:
+        """Send one event; one lost to a connection that dropped is replayed on a resume."""
+        if isinstance(event, LeaseReady):
+            url = reachable_url(event.url, connection.peer, connection.local)
+            event = LeaseReady(event.lease, url)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await connection.socket.send_str(encode(event, seq=seq))
 
     def close(self) -> None:
         """Close every worker's connection and stop serving; never raises (the session ends)."""

@@ -90,6 +90,7 @@ class _Lease:
     helper: str
     node: str
     ready: bool = False
+    url: str | None = None  # where it serves, once offered
 
 
 @dataclass
@@ -249,22 +250,29 @@ class ExchangeBook:
 
     def offer(self, helper: str, offer: Offer, url: str | None) -> Events:
         """The helper's server for the lease serves at ``url``, or (``offer.note``) did not
-        start or died; a lease released meanwhile ends at once."""
+        start or died; a lease released meanwhile ends at once. A repeat (sent again after a
+        dropped connection) changes nothing."""
         with self._lock:
             lease = self.leases.get(offer.lease)
-            if lease is None:
-                return [(helper, LeaseEnded(offer.lease))]
+            if lease is None:  # released meanwhile, or lost by this offer's first sending
+                return [] if offer.note is not None else [(helper, LeaseEnded(offer.lease))]
             if offer.note is not None or url is None:
                 del self.leases[lease.id]
                 return [(lease.keeper, LeaseLost(lease.id, offer.note or "no address"))]
-            lease.ready = True
+            if lease.ready and lease.url == url:
+                return []
+            lease.ready, lease.url = True, url
             return [(lease.keeper, LeaseReady(lease.id, url))]
 
     # -- sharing a running server with the GPU-less workers of its node ------------------------
     def publish(self, owner: str, publish: Publish) -> Events:
         """``owner``'s running server, open to share: the workers waiting on its node look;
-        one it published before is gone (its sharers are told)."""
+        one it published before is gone (its sharers are told); a repeat changes nothing."""
         with self._lock:
+            old = self.served.get(owner)
+            same = (publish.key, publish.node, publish.url, False)
+            if old is not None and (old.key, old.node, old.url, old.withdrawn) == same:
+                return []
             events = self._lose(owner, "its worker published another server in its place")
             self.served[owner] = _Served(owner, publish.key, publish.node, publish.url)
             return events + self._wake_gpu_waiters(publish.node)

@@ -4,7 +4,11 @@ message, told apart by its ``type``, encoded and decoded here only.
 A worker sends requests and gets one reply each (matched by ``ref`` in the frame); the
 exchange also pushes events (``ref`` 0) when something happens that a worker waits for: a
 server became ready for its item, a server it uses was lost, a server it serves was released,
-or work may be waiting.
+or work may be waiting. Events are numbered per worker (``seq``, from 1): a worker's
+:class:`Hello` on a connection it made again says the last one it received, and the exchange
+replays the later ones it keeps (the last ``KEPT_EVENTS``); a worker ignores one it has seen.
+A request whose effect must not be lost (:func:`lasting`) is sent again once a dropped
+connection is made again; the exchange takes a repeat without a second effect.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import types
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, TypeAlias, Union, cast, get_args, get_origin, get_type_hints
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: numbered events, replayed on a resume
 RESUME_S = 12.0  # a worker whose connection dropped may connect again this long, as itself
 CLEAN_CLOSE = (1000, 1001)  # WebSocket close codes of a side that ended it on purpose
 PATH = "/exchange"  # where the exchange accepts WebSockets
+KEPT_EVENTS = 512  # the last events pushed to a worker, kept to replay on its resume
 
 __all__ = [
     "PATH",
@@ -48,7 +53,9 @@ __all__ = [
     "Withdrawn",
     "Work",
     "decode",
+    "decode_frame",
     "encode",
+    "lasting",
 ]
 
 
@@ -60,6 +67,8 @@ class Hello:
     worker: str
     """The xdist worker id (``gw3``)."""
     schema_version: int = SCHEMA_VERSION
+    seen: int = 0
+    """The last event (``seq``) the worker received; the exchange replays the later ones."""
 
 
 @dataclass(frozen=True)
@@ -369,9 +378,18 @@ def _fields(message: Message) -> dict[str, Any]:
     return {"type": message.type, **body}
 
 
-def encode(message: Message, ref: int = 0) -> str:
-    """One frame: the message and the request it answers (0: an event)."""
-    return json.dumps({"ref": ref, "msg": _fields(message)})
+def encode(message: Message, ref: int = 0, seq: int = 0) -> str:
+    """One frame: the message and the request it answers (0: an event), and an event's
+    number for its worker (``seq``, from 1; 0: not numbered)."""
+    return json.dumps({"ref": ref, "seq": seq, "msg": _fields(message)})
+
+
+def lasting(message: Message) -> bool:
+    """Whether a request's effect must not be lost to a dropped connection: it is sent again
+    once the connection is made again (the exchange takes a repeat without a second effect)."""
+    if isinstance(message, WaitGpus):
+        return not message.waiting
+    return isinstance(message, (Release, Offer, Publish, Withdraw, Unshare))
 
 
 def _build(fields: Any) -> Message:
@@ -430,7 +448,14 @@ _FIELDS = {  # each message's fields and their types, as its dataclass declares 
 
 def decode(frame: str | bytes) -> tuple[int, Message]:
     """(ref, message) of a frame; ValueError when it is not one."""
+    ref, _, message = decode_frame(frame)
+    return ref, message
+
+
+def decode_frame(frame: str | bytes) -> tuple[int, int, Message]:
+    """(ref, seq, message) of a frame; ValueError when it is not one."""
     data = json.loads(frame)
-    if not isinstance(data, dict) or not isinstance(data.get("ref"), int):
+    numbers = (data.get("ref"), data.get("seq", 0)) if isinstance(data, dict) else (None,)
+    if not all(_fits(number, int) for number in numbers):
         raise ValueError(f"not a frame of the exchange: {str(frame)[:200]}")
-    return data["ref"], _build(data.get("msg"))
+    return int(data["ref"]), int(data.get("seq", 0)), _build(data.get("msg"))

@@ -39,12 +39,19 @@ from pytest_modelbench.serving.messages import (
     Publish,
     Release,
     SessionGpus,
+    SharedWith,
+    SharersGone,
+    ShareServer,
+    Unshare,
     WaitGpus,
     Wake,
     WantAnswer,
     WantServers,
+    Withdraw,
+    Withdrawn,
     Work,
     decode,
+    decode_frame,
     encode,
 )
 from pytest_modelbench.serving.tls import SessionTls, session_tls
@@ -68,6 +75,10 @@ def test_messages_are_typed_and_decoded_in_one_place() -> None:
     message = AskWork("gw1", "b", 2, LiveServer("k", 8001, True))
     assert decode(encode(message, 7)) == (7, message)
     assert decode(encode(Wake())) == (0, Wake())
+    assert decode_frame(encode(Wake(), seq=3)) == (0, 3, Wake())  # an event's number
+    assert decode(encode(Hello("gw1", seen=3))) == (0, Hello("gw1", seen=3))
+    with pytest.raises(ValueError):
+        decode('{"ref": 0, "seq": "3", "msg": {"type": "wake"}}')
     for frame in ('{"ref": 1, "msg": {"type": "nonsense"}}', '{"ref": 1, "msg": {"type": "offer"}}',
                   '{"msg": {}}'):  # fmt: skip
         with pytest.raises(ValueError):
@@ -200,6 +211,35 @@ def test_a_failed_start_is_reported_to_its_keeper() -> None:
         ("gw0", LeaseLost(job.lease, note))
     ]
     assert book.want(want(0))[0] == WantAnswer(0)
+
+
+def test_requests_sent_again_after_a_drop_have_no_second_effect() -> None:
+    """A request that must not be lost is sent again after a dropped connection, whether or
+    not its first sending arrived: the repeat pushes nothing and loses nothing."""
+    book = ExchangeBook()
+    book.want(want(2))
+    ready, failed = (book.serve(ask("gw1", "b"))[0] for _ in range(2))
+    assert isinstance(ready, Work) and isinstance(failed, Work)
+    for offer, url in (
+        (Offer(ready.lease, 1), "http://b:1/v1"),
+        (Offer(failed.lease, note="x"), None),
+    ):
+        assert book.offer("gw1", offer, url)  # its keeper is told once
+        assert book.offer("gw1", offer, url) == []
+    assert book.release(Release("gw0", ready.lease)) == [("gw1", LeaseEnded(ready.lease))]
+    assert book.release(Release("gw0", ready.lease)) == []
+
+    book.publish("gw2", Publish("k", "b", "http://b:2/v1"))
+    shared = book.share("gw3", ShareServer("k", "b"))
+    assert isinstance(shared, SharedWith)
+    assert book.publish("gw2", Publish("k", "b", "http://b:2/v1")) == []  # its sharer keeps it
+    assert book.withdraw("gw2", Withdraw("k")) == (Withdrawn(1), [])
+    assert book.withdraw("gw2", Withdraw("k")) == (Withdrawn(1), [])
+    assert book.unshare(Unshare(shared.share)) == [("gw2", SharersGone("k"))]
+    assert book.unshare(Unshare(shared.share)) == []
+    book.wait_gpus("gw4", WaitGpus("b"))
+    assert book.wait_gpus("gw4", WaitGpus("b", waiting=False)) == []
+    assert book.wait_gpus("gw4", WaitGpus("b", waiting=False)) == [] and not book.gpu_waiters
 
 
 def test_gpus_given_back_are_pushed_to_the_keepers_of_their_node() -> None:
@@ -617,6 +657,8 @@ class Relay:
         self._target = port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._open: list[socket.socket] = []
+        self._clients: list[socket.socket] = []  # the clients' ends of _open
+        self._stale: list[socket.socket] = []  # the exchange's ends, left open by cut_clients
         self.port = int(self._listener.getsockname()[1])
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -626,6 +668,17 @@ class Relay:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self._open.clear()
+        self._clients.clear()
+
+    def cut_clients(self) -> None:
+        """Only the clients see their connections end: the exchange's ends stay open, and
+        what it sends there is lost (a drop the worker notices first)."""
+        self._stale += [sock for sock in self._open if sock not in self._clients]
+        for sock in self._clients:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._open.clear()
+        self._clients.clear()
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
@@ -636,6 +689,7 @@ class Relay:
                     continue
                 theirs = socket.create_connection(("127.0.0.1", self._target))
                 self._open += [ours, theirs]
+                self._clients.append(ours)
                 for a, b in ((ours, theirs), (theirs, ours)):
                     threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
@@ -644,11 +698,14 @@ class Relay:
             while data := source.recv(65536):
                 self.wire += data
                 sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
+        if sink not in self._stale:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         self._listener.close()
+        for sock in self._stale:
+            sock.close()
 
 
 def test_no_token_crosses_the_wire_in_clear_and_clients_without_the_ca_are_refused() -> None:
@@ -1018,4 +1075,62 @@ def test_a_dropped_connection_is_made_again_and_nothing_it_held_is_lost(
         assert "was not made again within 2 s" in str(keeper.client.failure)
     finally:
         relay.close()
+        exchange.close()
+
+
+def test_events_lost_to_a_drop_the_worker_noticed_first_are_replayed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A drop the worker notices before the exchange does: an event pushed into the dead
+    connection meanwhile follows, once, when the worker connects again (and none it already
+    had comes twice); a Release sent while its keeper is away takes effect once it is back."""
+    from pytest_modelbench.serving import channel
+    from pytest_modelbench.serving import exchange as exchange_module
+
+    monkeypatch.setattr(exchange_module, "RESUME_S", 5.0, raising=False)
+    monkeypatch.setattr(channel, "RESUME_S", 5.0, raising=False)
+    monkeypatch.setattr(channel, "RETRY_S", 0.1, raising=False)
+    exchange = Exchange()
+    exchange.start()
+    relays = {"gw0": Relay(exchange.port), "gw1": Relay(exchange.port)}
+    try:
+        given = exchange.workerinput("popen")
+        tls = SessionTls.of(given["tls"])
+        keeper, helper = Party(given, "gw0"), Party(given, "gw1")
+        for party, worker in ((keeper, "gw0"), (helper, "gw1")):
+            port, token = relays[worker].port, exchange.token
+            party.client = ExchangeClient(
+                "127.0.0.1", port, token, "k" * 16, worker=worker, tls=tls
+            )
+            party.client.listen(party.events.put)
+        assert keeper.client.call(want(2)) == WantAnswer(0)
+        first, second = helper.client.call(ask("gw1", "b")), helper.client.call(ask("gw1", "b"))
+        assert isinstance(first, Work) and isinstance(second, Work)
+        for lease in (first.lease, second.lease):
+            assert helper.client.call(Offer(lease, port=8123)) == Ack()
+            assert isinstance(keeper.next(), LeaseReady)
+
+        relays["gw1"].refusing = True
+        relays["gw1"].cut_clients()
+        wait_for(lambda: not helper.client.connected)
+        assert "gw1" in exchange.connections  # the exchange has not noticed
+        assert keeper.client.call(Release("gw0", first.lease)) == Ack()  # pushed into the void
+        relays["gw1"].refusing = False
+        assert helper.next() == LeaseEnded(first.lease)  # replayed on its resume
+
+        relays["gw0"].refusing = True
+        relays["gw0"].cut_clients()
+        wait_for(lambda: not keeper.client.connected)
+        back = threading.Timer(0.5, setattr, (relays["gw0"], "refusing", False))
+        back.start()
+        assert keeper.client.call(Release("gw0", second.lease)) == Ack()  # sent again once back
+        assert second.lease not in exchange.book.leases
+        assert helper.next() == LeaseEnded(second.lease)
+        assert keeper.client.failure is None and helper.client.failure is None
+        assert keeper.client.call(want(0)) == WantAnswer(0)  # anything replayed came before
+        assert helper.client.call(SessionGpus("b", (), free=False)) == Ack()
+        assert keeper.events.empty() and helper.events.empty()  # nothing came twice
+    finally:
+        for relay in relays.values():
+            relay.close()
         exchange.close()
