@@ -40,6 +40,7 @@ from pytest_modelbench.serving.messages import (
     Release,
     SessionGpus,
     SharedWith,
+    ShareLost,
     SharersGone,
     ShareServer,
     Unshare,
@@ -936,7 +937,7 @@ def test_malformed_requests_of_a_peer_get_an_error_and_harm_nobody_else() -> Non
 
         other = asyncio.run(send([{**hello, "schema_version": 99}], refused=True))
         assert error(other[0]) == (
-            "worker gw3 speaks version 99 of the exchange's messages, the controller 1: "
+            "worker gw3 speaks version 99 of the exchange's messages, the controller 2: "
             "install the same pytest-modelbench on every node"
         )
         assert other[1] in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
@@ -1109,14 +1110,19 @@ def test_events_lost_to_a_drop_the_worker_noticed_first_are_replayed_once(
         for lease in (first.lease, second.lease):
             assert helper.client.call(Offer(lease, port=8123)) == Ack()
             assert isinstance(keeper.next(), LeaseReady)
+        assert keeper.client.call(Publish("s", "b", "http://b:3/v1")) == Ack()
+        shared = helper.client.call(ShareServer("s", "b"))
+        assert isinstance(shared, SharedWith)
 
         relays["gw1"].refusing = True
         relays["gw1"].cut_clients()
         wait_for(lambda: not helper.client.connected)
         assert "gw1" in exchange.connections  # the exchange has not noticed
         assert keeper.client.call(Release("gw0", first.lease)) == Ack()  # pushed into the void
+        assert keeper.client.call(Withdraw("s", lost="it died")) == Withdrawn(0)
         relays["gw1"].refusing = False
-        assert helper.next() == LeaseEnded(first.lease)  # replayed on its resume
+        assert helper.next() == LeaseEnded(first.lease)  # replayed on its resume, in order
+        assert helper.next() == ShareLost(shared.share, "it died")
 
         relays["gw0"].refusing = True
         relays["gw0"].cut_clients()
