@@ -203,9 +203,11 @@ class ExchangeClient:
         while True:
             try:
                 return await self._call_once(message)
-            except OSError:  # ConnectionError among them: the connection dropped
+            except (TimeoutError, asyncio.TimeoutError):
+                raise  # no reply on a live connection: sent again, it would only pile up
+            except OSError as exc:  # ConnectionError among them: the connection dropped
                 again = not self._closed and self.failure is None and loop.time() < deadline
-                if not (lasting(message) and again):
+                if not (lasting(message) and again) or _refused(exc):  # refused: it has ended
                     raise
             await asyncio.sleep(min(RETRY_S, max(0.0, deadline - loop.time())))
 

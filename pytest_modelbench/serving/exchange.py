@@ -271,6 +271,8 @@ class Exchange:
                     connection = _Connection(message.worker, socket, *peer)
                     await self._greet(connection, ref, message.seen)
                     continue
+                if self.connections.get(connection.worker) is not connection:
+                    break  # replaced by a newer connection: a late copy here would undo it
                 try:
                     reply, events = self._handle(connection, message)
                 except Exception as exc:  # a peer's bad request fails that request only

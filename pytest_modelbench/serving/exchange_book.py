@@ -259,7 +259,7 @@ class ExchangeBook:
             if offer.note is not None or url is None:
                 del self.leases[lease.id]
                 return [(lease.keeper, LeaseLost(lease.id, offer.note or "no address"))]
-            if lease.ready and lease.url == url:
+            if lease.ready:  # a repeat, perhaps from another address: one server per lease
                 return []
             lease.ready, lease.url = True, url
             return [(lease.keeper, LeaseReady(lease.id, url))]

@@ -1140,3 +1140,59 @@ def test_events_lost_to_a_drop_the_worker_noticed_first_are_replayed_once(
         for relay in relays.values():
             relay.close()
         exchange.close()
+
+
+def test_a_lasting_call_without_a_reply_on_a_live_connection_is_sent_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow exchange (it greets, then never answers): a Release is not sent again on the
+    same live connection (copies would pile up on the busy exchange), and the call gives up
+    after its timeout, not after the resume grace too."""
+    import asyncio
+
+    from aiohttp import web
+
+    from pytest_modelbench.running.router import start_loop, stop_loop
+    from pytest_modelbench.serving import channel
+
+    monkeypatch.setattr(channel, "CALL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(channel, "RESUME_S", 3.0)
+    got: list[str] = []
+    port: list[int] = []
+
+    async def accept(request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        async for frame in socket:
+            ref, message = decode(frame.data)
+            got.append(type(message).__name__)
+            if isinstance(message, Hello):
+                await socket.send_str(encode(Ack(), ref))
+        return socket
+
+    runner: list[web.AppRunner] = []
+
+    async def setup() -> None:
+        app = web.Application()
+        app.router.add_get("/exchange", accept)
+        runner.append(web.AppRunner(app))
+        await runner[0].setup()
+        site = web.TCPSite(runner[0], "127.0.0.1", 0)
+        await site.start()
+        port.append(int(runner[0].addresses[0][1]))
+
+    loop, thread = start_loop("silent-exchange", setup)
+    client = ExchangeClient("127.0.0.1", port[0], "t", "k" * 16, worker="gw0")
+    try:
+        started = time.monotonic()
+        assert client.call(Release("gw0", "lease-1")) is None
+        took = time.monotonic() - started
+        assert got == ["Hello", "Release"], got  # once
+        assert took < 2.5, took  # not held for the resume grace (3 s)
+    finally:
+        client.close()
+
+        async def shutdown() -> None:
+            await asyncio.gather(*(r.cleanup() for r in runner))
+
+        stop_loop(loop, thread, shutdown)
